@@ -1,0 +1,49 @@
+"""The one error type of the project: an exception that carries its CNI error code.
+
+Every layer raises :class:`CniError` (or lets an ``OSError`` escape); the dispatcher is the only
+place that turns it into the error JSON the spec wants on stdout.
+"""
+
+from __future__ import annotations
+
+# Codes from the CNI spec (SPEC.md, "Error" section).
+INCOMPATIBLE_VERSION = 1
+UNSUPPORTED_FIELD = 2
+UNKNOWN_CONTAINER = 3
+INVALID_ENV = 4
+IO_FAILURE = 5
+DECODE_FAILURE = 6
+INVALID_CONFIG = 7
+TRY_AGAIN_LATER = 11
+STATUS_UNAVAILABLE = 50
+STATUS_NO_IPAM = 51
+
+# Plugin-specific codes (>= 100), documented in the README's error table.
+NETLINK_FAILURE = 100  # the kernel refused a link/address/route operation
+RDMA_MODE_MISMATCH = 101  # kernel RDMA netns mode differs from rdma.netnsMode
+GID_MISMATCH = 102  # pod GID index differs from the host's / configured one
+GID_TIMEOUT = 103  # the kernel did not publish the pod's GID in time
+NO_RDMA_DEVICE = 104  # rdma.required and a bond has no RDMA device
+DELEGATE_FAILURE = 105  # a delegate plugin (IPAM, multus delegate) failed
+KUBE_API_FAILURE = 106  # the Kubernetes API could not be reached or answered an error
+CHECK_FAILED = 107  # CHECK found the live system differs from the recorded one
+STATE_CORRUPT = 108  # durable state could not be used
+
+
+class CniError(Exception):
+    """A failure the runtime should see as a CNI error: ``code``, one-line ``msg``, ``details``."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code = code
+        self.msg = msg
+        self.details = details
+
+    def to_dict(self, cni_version: str) -> dict[str, object]:
+        out: dict[str, object] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    def __repr__(self) -> str:
+        return f"CniError({self.code}, {self.msg!r})"

@@ -1,0 +1,62 @@
+"""Writing files so that a crash (kill -9, power loss) leaves either the old or the new content.
+
+The one atomic-write helper of the project: state, GID records, result caches and installed
+configs all go through :func:`atomic_write`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+
+def ensure_dir(path: str, mode: int = 0o700) -> None:
+    """Create ``path`` (and parents) with ``mode``; an existing dir keeps its owner but gets ``mode``."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+    os.chmod(path, mode)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    """temp file in the same dir + fsync + rename + fsync(dir): readers never see a torn file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        ensure_dir(directory, dir_mode)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(directory)
+
+
+def atomic_write_json(path: str, obj: Any, mode: int = 0o600, dir_mode: int = 0o700) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n", mode, dir_mode)
+
+
+def remove(path: str) -> bool:
+    """Unlink ``path`` and make the removal durable; False when it was already gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return True
