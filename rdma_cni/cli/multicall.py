@@ -1,0 +1,75 @@
+"""The single entry point of the PyInstaller bundle: one frozen program, several command names.
+
+``scripts/build`` freezes this module once (onedir: nothing to unpack per run, unlike onefile) and
+links ``rdma-macvlan``, ``rdma-multus`` and ``cni-tool`` to it. The runtime execs a plugin by the name
+it looked up, so the basename of ``argv[0]`` says which command to run. Each command is imported only
+when chosen: VERSION of one plugin never pays for another's imports.
+
+    $ ln -s rdma-cni rdma-macvlan && CNI_COMMAND=VERSION ./rdma-macvlan
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+BUNDLE_NAME = "rdma-cni"
+
+
+def _macvlan() -> object:
+    from rdma_cni.cli.macvlan import main
+
+    return main()
+
+
+def _multus() -> object:
+    from rdma_cni.cli.multus import main
+
+    return main()
+
+
+def _tool() -> object:
+    from rdma_cni.cli.tool import main
+
+    return main()
+
+
+def _agent() -> object:
+    from rdma_cni.cli.agent import main
+
+    return main()
+
+
+COMMANDS: dict[str, Callable[[], object]] = {
+    "rdma-macvlan": _macvlan,
+    "rdma-multus": _multus,
+    "cni-tool": _tool,
+    "rdma-agent": _agent,
+}
+
+
+def command_name(argv0: str) -> str:
+    """``/opt/cni/bin/rdma-macvlan`` -> ``rdma-macvlan``; tolerant of ``./x`` and a trailing ``.exe``."""
+    return os.path.basename(argv0).removesuffix(".exe")
+
+
+def main() -> None:
+    name = command_name(sys.argv[0] if sys.argv else "")
+    if name == BUNDLE_NAME and len(sys.argv) > 1 and sys.argv[1] in COMMANDS:
+        # `rdma-cni cni-tool gids`: the bundle run by its own name, command as first argument.
+        name = sys.argv.pop(1)
+        sys.argv[0] = name
+    entry = COMMANDS.get(name)
+    if entry is None:
+        sys.stderr.write(
+            f"{BUNDLE_NAME}: started as {name!r}; run it as one of {', '.join(COMMANDS)} "
+            f"(a link to this program by that name) or as '{BUNDLE_NAME} COMMAND ...'\n"
+        )
+        sys.exit(2)
+    code = entry()
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

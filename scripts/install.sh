@@ -1,0 +1,244 @@
+#!/bin/sh
+# Install (or remove) rdma-cni on a node: the bundle built by scripts/build, its three command names
+# in the CNI bin dir, the tke-rdma-macvlan delegate config and the meta-plugin config of the cluster's
+# network mode. Needs only a POSIX shell and coreutils: no Python on the node.
+#
+# usage: install.sh [--bundle DIR] [--cni-bin-dir DIR] [--conf-dir DIR]
+#                   [--mode vpc-cni|global-router] [--kubelet-root-dir DIR] [--host-root DIR]
+#                   [--kubeconfig-from-serviceaccount] [--uninstall [--force]]
+#
+#   --bundle DIR        the built bundle (default: this script's dir when it holds one, else
+#                       ../dist/rdma-cni next to it)
+#   --cni-bin-dir DIR   default /opt/cni/bin
+#   --conf-dir DIR      default /etc/cni/net.d
+#   --mode MODE         vpc-cni: default network tke-route-eni; global-router: tke-bridge. Installs
+#                       CONF_DIR/00-rdma-multus.conflist, which makes rdma-multus the node's network.
+#                       Without --mode only the binaries and the delegate config are installed.
+#   --kubelet-root-dir  written into the meta config (device-plugin checkpoint); default /var/lib/kubelet
+#   --host-root DIR     the node's / as seen from here (a DaemonSet mounts it at /host); every other
+#                       path is a node path, and configs refer to node paths
+#   --kubeconfig-from-serviceaccount
+#                       write CONF_DIR/rdma-multus.d/rdma-multus.kubeconfig from this pod's service
+#                       account token (run inside the DaemonSet)
+#   --uninstall         remove what install put there, meta config first; refuses while pods still
+#                       hold bonds (their DEL needs the plugin) unless --force
+#
+# Atomic: the bundle is copied to CNI_BIN_DIR/rdma-cni.d/<BUILD_ID>/ under a temporary name and
+# renamed; then the links and configs are each replaced by rename(2). A pod start at any moment sees
+# the old installation or the new one, never a half-written binary or config. Running it again
+# changes nothing.
+set -eu
+
+die() { echo "install.sh: $*" >&2; exit 1; }
+say() { echo "install.sh: $*" >&2; }
+
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=""
+bin_dir=/opt/cni/bin
+conf_dir=/etc/cni/net.d
+mode=""
+kubelet_root=/var/lib/kubelet
+host_root=""
+sa_kubeconfig=0
+uninstall=0
+force=0
+names="rdma-macvlan rdma-multus cni-tool rdma-agent"
+state_dir=/var/lib/cni/rdma-macvlan
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bundle) bundle=$2; shift 2 ;;
+        --cni-bin-dir) bin_dir=$2; shift 2 ;;
+        --conf-dir) conf_dir=$2; shift 2 ;;
+        --mode) mode=$2; shift 2 ;;
+        --kubelet-root-dir) kubelet_root=$2; shift 2 ;;
+        --host-root) host_root=$2; shift 2 ;;
+        --kubeconfig-from-serviceaccount) sa_kubeconfig=1; shift ;;
+        --uninstall) uninstall=1; shift ;;
+        --force) force=1; shift ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+
+# Paths end up inside JSON and sed expressions: allow only plain absolute paths.
+check_path() {
+    case "$2" in
+        /*) ;;
+        *) die "$1 must be an absolute path, got '$2'" ;;
+    esac
+    case "$2" in
+        *[!A-Za-z0-9._/-]*) die "$1 may only contain letters, digits and . _ / -, got '$2'" ;;
+    esac
+}
+check_path --cni-bin-dir "$bin_dir"
+check_path --conf-dir "$conf_dir"
+check_path --kubelet-root-dir "$kubelet_root"
+[ -z "$host_root" ] || check_path --host-root "$host_root"
+case "$mode" in
+    ""|vpc-cni|global-router) ;;
+    *) die "--mode must be vpc-cni (tke-route-eni) or global-router (tke-bridge), got '$mode'" ;;
+esac
+
+BIN="$host_root$bin_dir"
+CONF="$host_root$conf_dir"
+LIB="$BIN/rdma-cni.d"
+DELEGATE_DIR="$CONF/rdma-multus.d"
+META="$CONF/00-rdma-multus.conflist"
+
+# rename(2) over the target: readers see the old file or the new one.
+replace() { # replace SRC_TMP DEST
+    mv -f "$1" "$2"
+    sync "$2" 2>/dev/null || true
+}
+
+# Write stdin to DEST atomically; unchanged content is left alone (idempotent, no mtime churn).
+write_file() { # write_file DEST MODE < content
+    tmp="$(dirname "$1")/.$(basename "$1").tmp.$$"
+    cat > "$tmp"
+    chmod "$2" "$tmp"
+    if [ -f "$1" ] && cmp -s "$tmp" "$1"; then
+        rm -f "$tmp"
+        return 0
+    fi
+    replace "$tmp" "$1"
+    say "wrote $1"
+}
+
+link() { # link TARGET NAME: NAME becomes a symlink to TARGET, atomically
+    if [ -L "$2" ] && [ "$(readlink "$2")" = "$1" ]; then return 0; fi
+    [ -d "$2" ] && [ ! -L "$2" ] && die "$2 is a directory; remove it first"
+    tmp="$(dirname "$2")/.$(basename "$2").tmp.$$"
+    rm -f "$tmp"
+    ln -s "$1" "$tmp"
+    replace "$tmp" "$2"
+    say "linked $2 -> $1"
+}
+
+pinned_attachments() {
+    d="$host_root$state_dir"
+    [ -d "$d" ] || return 1
+    [ -n "$(find "$d" -name '*.json' -type f 2>/dev/null | head -n 1)" ]
+}
+
+do_uninstall() {
+    if [ "$force" = 0 ] && pinned_attachments; then
+        die "pods still hold bonds (state in $host_root$state_dir): their DEL needs rdma-macvlan to give the IPs back; delete those pods first, or pass --force"
+    fi
+    # Meta config first, so the runtime stops choosing a network whose plugins are going away.
+    for f in "$META" "$DELEGATE_DIR/tke-rdma-macvlan.conf" "$DELEGATE_DIR/rdma-multus.kubeconfig"; do
+        if [ -e "$f" ]; then rm -f "$f"; say "removed $f"; fi
+    done
+    rmdir "$DELEGATE_DIR" 2>/dev/null || true
+    for n in $names; do
+        # Only our own links: never remove someone else's plugin of the same name.
+        if [ -L "$BIN/$n" ] && case "$(readlink "$BIN/$n")" in rdma-cni.d/*) true ;; *) false ;; esac; then
+            rm -f "$BIN/$n"
+            say "removed $BIN/$n"
+        fi
+    done
+    if [ -d "$LIB" ]; then rm -rf "$LIB"; say "removed $LIB"; fi
+    say "uninstalled"
+}
+
+find_bundle() {
+    if [ -n "$bundle" ]; then :
+    elif [ -x "$here/rdma-cni" ]; then bundle=$here
+    else bundle="$here/../dist/rdma-cni"
+    fi
+    [ -x "$bundle/rdma-cni" ] && [ -f "$bundle/BUILD_ID" ] ||
+        die "no bundle at $bundle (expected rdma-cni and BUILD_ID): run scripts/build first or pass --bundle"
+    bundle=$(cd "$bundle" && pwd)
+}
+
+install_bundle() {
+    build_id=$(cat "$bundle/BUILD_ID")
+    case "$build_id" in *[!A-Za-z0-9._-]*|"") die "bad BUILD_ID '$build_id' in $bundle" ;; esac
+    mkdir -p "$LIB"
+    if [ ! -x "$LIB/$build_id/rdma-cni" ]; then
+        tmp="$LIB/.tmp-$build_id.$$"
+        rm -rf "$tmp"
+        cp -a "$bundle/." "$tmp/"
+        sync -f "$tmp" 2>/dev/null || sync
+        rm -rf "$LIB/$build_id"
+        mv "$tmp" "$LIB/$build_id"
+        say "copied bundle $build_id to $LIB/$build_id"
+    fi
+    previous=""
+    [ -L "$LIB/current" ] && previous=$(readlink "$LIB/current")
+    link "$build_id" "$LIB/current"
+    for n in $names; do
+        [ -e "$LIB/current/$n" ] && link "rdma-cni.d/current/$n" "$BIN/$n"
+    done
+    # Keep the version just replaced: a plugin exec'd a moment ago may still be loading from it.
+    for d in "$LIB"/*; do
+        [ -d "$d" ] || continue
+        v=$(basename "$d")
+        if [ "$v" != "$build_id" ] && [ "$v" != "$previous" ] && [ "$v" != current ]; then
+            rm -rf "$d"
+            say "removed old bundle $v"
+        fi
+    done
+    rm -rf "$LIB"/.tmp-* 2>/dev/null || true
+}
+
+render_meta() { # render_meta SRC: node paths substituted into the shipped config
+    sed -e "s|\"/etc/cni/net.d/rdma-multus.d|\"$conf_dir/rdma-multus.d|g" \
+        -e "s|\"kubeletRootDir\": \"/var/lib/kubelet\"|\"kubeletRootDir\": \"$kubelet_root\"|" "$1"
+}
+
+write_kubeconfig() {
+    sa=/var/run/secrets/kubernetes.io/serviceaccount
+    [ -r "$sa/token" ] && [ -r "$sa/ca.crt" ] || die "no service account token in $sa (only inside the DaemonSet)"
+    [ -n "${KUBERNETES_SERVICE_HOST:-}" ] || die "KUBERNETES_SERVICE_HOST is not set"
+    host=$KUBERNETES_SERVICE_HOST
+    case "$host" in *:*) host="[$host]" ;; esac
+    ca=$(base64 -w0 < "$sa/ca.crt")
+    token=$(cat "$sa/token")
+    write_file "$DELEGATE_DIR/rdma-multus.kubeconfig" 600 <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://$host:${KUBERNETES_SERVICE_PORT:-443}
+    certificate-authority-data: $ca
+users:
+- name: rdma-multus
+  user:
+    token: $token
+contexts:
+- name: rdma-multus
+  context:
+    cluster: local
+    user: rdma-multus
+current-context: rdma-multus
+EOF
+}
+
+install_configs() {
+    src="$bundle/conf"
+    [ -d "$src" ] || die "no conf/ in bundle $bundle"
+    mkdir -p "$DELEGATE_DIR"
+    # Delegate first, meta config last: the runtime never picks a network whose parts are missing.
+    write_file "$DELEGATE_DIR/tke-rdma-macvlan.conf" 644 < "$src/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf"
+    if [ "$sa_kubeconfig" = 1 ]; then write_kubeconfig; fi
+    if [ -n "$mode" ]; then
+        render_meta "$src/$mode/00-rdma-multus.conflist" | write_file "$META" 644
+        first=$(cd "$CONF" && ls -1 | grep -E '\.(conf|conflist|json)$' | LC_ALL=C sort | head -n 1)
+        [ "$first" = "00-rdma-multus.conflist" ] ||
+            say "WARNING: the runtime uses the first config in $conf_dir, which is $first, not 00-rdma-multus.conflist"
+    else
+        say "no --mode: binaries and the delegate config only; the node's default network is unchanged"
+    fi
+}
+
+if [ "$uninstall" = 1 ]; then
+    do_uninstall
+    exit 0
+fi
+find_bundle
+mkdir -p "$BIN" "$CONF"
+install_bundle
+install_configs
+say "installed $(cat "$bundle/BUILD_ID") into $bin_dir${mode:+ (mode $mode)}"
