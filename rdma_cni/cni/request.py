@@ -96,8 +96,9 @@ def validate_ifname(value: str) -> None:
     problem = ""
     if not value:
         problem = "is empty"
-    elif len(value) > IFNAME_MAX:
-        problem = f"is {len(value)} characters long; the kernel allows at most {IFNAME_MAX}"
+    elif len(value.encode()) > IFNAME_MAX:
+        # IFNAMSIZ counts bytes, not characters (Go's len() in libcni does the same).
+        problem = f"is {len(value.encode())} bytes long; the kernel allows at most {IFNAME_MAX}"
     elif value in (".", ".."):
         problem = "may not be '.' or '..'"
     elif any(c in value for c in "/:") or any(c.isspace() for c in value):
