@@ -1,0 +1,161 @@
+"""The thin CNI client: hand ``(env, stdin)`` to the warm ``rdma-agent`` and print its answer.
+
+Imports nothing but the standard library (no pyroute2, pydantic or click), because it runs first on
+every CNI call; when the agent is absent, slow or broken, the caller runs the plugin in-process and
+gets the same answer. An entry point uses it like this, before importing anything heavy::
+
+    code = try_agent("rdma-macvlan")
+    if code is not None:
+        sys.exit(code)
+
+Protocol (version 1; a C client implements the same in ``client.c``). Integers are u32 big-endian;
+a *frame* is ``"RCN1" count size`` followed by ``count`` items of ``len bytes`` (``size`` bytes).
+
+1. Connect to the unix stream socket ``$RDMA_CNI_AGENT_SOCKET`` (default
+   ``/run/rdma-cni/agent.sock``; mode 0600, owned by root; the agent also checks the peer is uid 0).
+2. Send the request frame — items: plugin name (``rdma-macvlan``), stdin, then every environment
+   variable as ``KEY=VALUE`` — in one ``sendmsg`` carrying two descriptors by SCM_RIGHTS:
+   ``/proc/self/ns/net`` and ``/proc/self/ns/mnt`` of the client. The agent runs the request in a
+   forked worker that enters those namespaces and takes that environment, so it sees the same
+   ``CNI_NETNS`` path, ``/sys`` and files as the client would: the plugin code cannot tell the
+   difference.
+3. The worker answers one byte: ``R`` (ready) or ``N`` (refused: busy, peer not root, namespaces not
+   enterable; also any hang-up). Before ``R`` nothing has run, so the client may fall back to
+   running in-process; it waits for ``R`` at most ``timeout`` seconds.
+4. The client sends one byte ``G`` (go). The worker runs the request only after reading ``G``, so a
+   client that gave up before sending it can never race a worker running the same request.
+5. The worker sends the answer frame — items: exit code (decimal text), stdout, stderr — and closes.
+   If the connection breaks after ``G`` (worker killed), the request may have partly run: DEL, CHECK,
+   GC, STATUS and VERSION are safe to repeat, so the client falls back and runs them in-process; an
+   ADD is not repeated but answered with error 11 (try again later) — the runtime then calls DEL,
+   which restores the host from the state the ADD wrote ahead.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from rdma_cni.agent import wire
+
+DEFAULT_SOCKET = "/run/rdma-cni/agent.sock"
+SOCKET_ENV = "RDMA_CNI_AGENT_SOCKET"
+DISABLE_ENV = "RDMA_CNI_AGENT"  # "off": never use the agent (what a fallback exec sets, too)
+TIMEOUT_ENV = "RDMA_CNI_AGENT_TIMEOUT"
+READY_TIMEOUT = 3.0  # seconds to connect and get READY; past it the in-process run is the faster one
+ANSWER_TIMEOUT = 600.0  # a committed request ends by itself; this only stops a wedged worker
+REPEATABLE = frozenset({"DEL", "CHECK", "GC", "STATUS", "VERSION"})
+TRY_AGAIN_LATER = 11  # rdma_cni.cni.errors.TRY_AGAIN_LATER, not imported to keep this module light
+
+
+class Answer(NamedTuple):
+    stdout: str
+    code: int
+    stderr: str = ""
+
+
+def socket_path(env: Mapping[str, str]) -> str:
+    return env.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+def forward(
+    plugin_name: str,
+    env: Mapping[str, str],
+    stdin: bytes,
+    timeout: float = READY_TIMEOUT,
+    path: str | None = None,
+) -> Answer | None:
+    """Run one CNI call in the agent; None means "not run there: run it in-process"."""
+    path = path or socket_path(env)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        return _converse(sock, path, plugin_name, env, stdin, timeout)
+    finally:
+        sock.close()
+
+
+def _converse(
+    sock: socket.socket, path: str, plugin: str, env: Mapping[str, str], stdin: bytes, timeout: float
+) -> Answer | None:
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        _send_request(sock, plugin, env, stdin)
+        if sock.recv(1) != wire.READY:
+            return None
+        sock.sendall(wire.GO)
+    except OSError:
+        return None
+    # Committed: the worker may be running the request now.
+    sock.settimeout(ANSWER_TIMEOUT)
+    try:
+        code, stdout, stderr = wire.decode_answer(wire.recv_frame(sock))
+    except (OSError, wire.WireError) as exc:
+        command = env.get("CNI_COMMAND", "")
+        if command in REPEATABLE:
+            return None
+        return Answer(_lost_answer(stdin, command, exc), 1)
+    return Answer(stdout, code, stderr)
+
+
+def _send_request(sock: socket.socket, plugin: str, env: Mapping[str, str], stdin: bytes) -> None:
+    frame = wire.encode_request(plugin, env, stdin)
+    fds = [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("net", "mnt")]
+    try:
+        sent = socket.send_fds(sock, [frame], fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if sent < len(frame):
+        sock.sendall(frame[sent:])
+
+
+def _lost_answer(stdin: bytes, command: str, exc: Exception) -> str:
+    import json  # only on this rare path
+
+    try:
+        version = json.loads(stdin).get("cniVersion") or "1.0.0"
+    except Exception:  # noqa: BLE001 - any undecodable stdin: answer in a version every runtime reads
+        version = "1.0.0"
+    msg = (
+        f"rdma-agent stopped answering during {command} ({exc}); the attachment's state is recorded, "
+        "so DEL (or the agent's reconcile) restores the host; retry the pod"
+    )
+    return json.dumps({"cniVersion": str(version), "code": TRY_AGAIN_LATER, "msg": msg})
+
+
+def try_agent(plugin_name: str) -> int | None:
+    """Forward this process's CNI call to the agent; print its answer and return the exit code.
+
+    None: the agent is absent or refused, nothing was printed, and the caller runs the plugin
+    in-process. Standard input is read here and put back as ``sys.stdin`` so the caller reads the
+    same bytes.
+    """
+    env = os.environ
+    if env.get(DISABLE_ENV) == "off" or not env.get("CNI_COMMAND"):
+        return None
+    path = socket_path(env)
+    if not os.path.exists(path):
+        return None
+    stdin = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
+    try:
+        timeout = float(env.get(TIMEOUT_ENV) or READY_TIMEOUT)
+    except ValueError:
+        timeout = READY_TIMEOUT
+    answer = forward(plugin_name, env, stdin, timeout, path)
+    if answer is None:
+        return None
+    if answer.stderr:
+        sys.stderr.write(answer.stderr)
+        sys.stderr.flush()
+    sys.stdout.write(answer.stdout)
+    sys.stdout.flush()
+    return answer.code

@@ -1,0 +1,43 @@
+"""Entering the caller's namespaces, so a worker sees the node exactly as the CNI client does.
+
+The client passes descriptors of its own ``/proc/self/ns/net`` and ``/proc/self/ns/mnt``. Joining the
+mount namespace gives the worker the client's ``/sys`` (``ip netns exec`` mounts a per-netns one),
+``/var/run/netns`` and state files; joining the network namespace makes "the node" the client's
+node. ``setns(CLONE_NEWNS)`` needs a single-threaded process: a freshly forked worker is one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+
+_libc: ctypes.CDLL | None = None
+
+
+def _c() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def enter(fd: int, nstype: int) -> None:
+    """Join the namespace behind ``fd``; the kernel refuses an fd of another namespace type."""
+    if _c().setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns({nstype:#x}): {os.strerror(err)}")
+
+
+def enter_caller(net_fd: int, mnt_fd: int) -> None:
+    """Network first: joining the mount namespace changes nothing the netns join depends on."""
+    enter(net_fd, CLONE_NEWNET)
+    enter(mnt_fd, CLONE_NEWNS)
+    os.chdir("/")  # the old cwd belongs to the agent's mount namespace
+
+
+def warm() -> None:
+    """Load libc in the parent so no worker pays for it."""
+    _c()

@@ -1,0 +1,136 @@
+"""One CNI call in a forked worker: take the request, become the caller, run the plugin, answer.
+
+Why a fork per call: the plugin code switches the netns of its thread, holds node-wide locks, and
+configures logging per config — all per-process state. A fresh copy of the warm agent per call keeps
+every call exactly as isolated as a cold CNI executable would be, and a worker that is killed takes
+nothing with it but its own call. The fork is cheap because the parent holds only imported modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import sys
+
+from rdma_cni.agent import namespaces, wire
+from rdma_cni.agent.plugins import Registry, UnknownPlugin
+
+log = logging.getLogger("rdma-agent")
+
+HANDSHAKE_TIMEOUT = 10.0  # the client sends GO right after READY; a silent one is gone
+STDERR_LIMIT = 64 * 1024  # what the worker's stderr may carry back (the log file has everything)
+_PEERCRED = struct.Struct("3i")
+
+
+class Refused(Exception):
+    """The worker will not run this call; the client falls back to running it in-process."""
+
+
+def peer_uid(conn: socket.socket) -> int:
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    return int(_PEERCRED.unpack(raw)[1])
+
+
+def handle(conn: socket.socket, registry: Registry) -> None:
+    """Serve one connection to the end; never raises (the caller is a forked child about to exit)."""
+    try:
+        conn.settimeout(HANDSHAKE_TIMEOUT)
+        plugin, env, stdin = _accept_call(conn, registry)
+    except Refused as why:
+        log.info("refused a call: %s", why)
+        _send_quietly(conn, wire.REFUSE)
+        return
+    except (OSError, wire.WireError) as exc:
+        log.info("dropped a call before it ran: %s", exc)
+        return
+    try:
+        conn.sendall(wire.READY)
+        if conn.recv(1) != wire.GO:
+            return  # the client gave up and will run it itself
+    except OSError:
+        return
+    code, stdout, stderr = run_as_caller(registry, plugin, env, stdin)
+    try:
+        conn.settimeout(HANDSHAKE_TIMEOUT)
+        conn.sendall(wire.encode_answer(code, stdout, stderr))
+    except OSError as exc:  # the runtime killed the client: the call ran all the same
+        log.info("%s %s finished after its client left: %s", plugin, env.get("CNI_COMMAND"), exc)
+
+
+def _accept_call(conn: socket.socket, registry: Registry) -> tuple[str, dict[str, str], bytes]:
+    head, fds, _, _ = socket.recv_fds(conn, 12, 4)
+    try:
+        if not head:
+            raise wire.WireError("client hung up before sending a request")
+        uid = peer_uid(conn)
+        if uid not in (0, os.geteuid()):
+            raise Refused(f"peer uid {uid} is not root")
+        plugin, env, stdin = wire.decode_request(wire.recv_frame(conn, head))
+        if len(fds) != 2:
+            raise Refused(f"expected the caller's net and mnt namespace fds, got {len(fds)} fds")
+        try:
+            registry.spec(plugin)
+        except UnknownPlugin as exc:
+            raise Refused(str(exc)) from exc
+        except Exception as exc:  # a plugin that cannot load here may still run in-process
+            raise Refused(f"plugin {plugin} cannot be loaded in the agent: {exc}") from exc
+        try:
+            namespaces.enter_caller(fds[0], fds[1])
+        except OSError as exc:
+            raise Refused(f"cannot enter the caller's namespaces: {exc}") from exc
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return plugin, env, stdin
+
+
+def run_as_caller(registry: Registry, plugin: str, env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:
+    """Run the call the way the CNI executable would: its environment, a fresh logging setup, its
+    stderr captured to send back. Returns (exit code, stdout, stderr)."""
+    from rdma_cni.cni import dispatch
+
+    os.environ.clear()
+    os.environ.update(env)
+    capture = os.memfd_create("rdma-agent-stderr", os.MFD_CLOEXEC)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(capture, 1)  # nothing may print on stdout in-process either; keep it with stderr
+    os.dup2(capture, 2)
+    os.close(null)
+    _fresh_logging()
+    try:
+        stdout, code = dispatch.run(env, stdin, registry.spec(plugin))
+    except BaseException as exc:  # noqa: BLE001 - dispatch never raises; if it does, answer anyway
+        stdout, code = "", 1
+        sys.stderr.write(f"rdma-agent: {plugin} crashed: {exc!r}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    return code, stdout, _read_tail(capture)
+
+
+def _fresh_logging() -> None:
+    """Forget the agent's own handlers: the plugin configures logging from its config, as cold."""
+    from rdma_cni import log as plugin_log
+
+    root = logging.getLogger("rdma_cni")
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    plugin_log._configured.clear()
+
+
+def _read_tail(fd: int) -> str:
+    size = os.lseek(fd, 0, os.SEEK_END)
+    os.lseek(fd, max(0, size - STDERR_LIMIT), os.SEEK_SET)
+    data = b""
+    while chunk := os.read(fd, 1 << 16):
+        data += chunk
+    return data.decode("utf-8", "replace")
+
+
+def _send_quietly(conn: socket.socket, data: bytes) -> None:
+    try:
+        conn.sendall(data)
+    except OSError:
+        pass

@@ -1,0 +1,85 @@
+"""``rdma-agent``: the node daemon that answers CNI calls warm (see :mod:`rdma_cni.agent`).
+
+    rdma-agent [--socket /run/rdma-cni/agent.sock] [--reconcile-interval 60] [--conf FILE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rdma_cni.agent import client
+from rdma_cni.agent.server import Agent, AgentConfig
+
+FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="rdma-agent", description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", default=client.DEFAULT_SOCKET, help="unix socket to serve (mode 0600)")
+    ap.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=60.0,
+        help="seconds between reconcile runs (0: only at start, -1: never)",
+    )
+    ap.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        help="network config (.conf/.conflist) whose rdma-macvlan attachments to reconcile; "
+        "default: every one in --conf-dir",
+    )
+    ap.add_argument("--conf-dir", default="/etc/cni/net.d")
+    ap.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:ATTR",
+        help="serve another plugin spec (default: rdma-macvlan and rdma-multus)",
+    )
+    ap.add_argument("--max-workers", type=int, default=32)
+    ap.add_argument("--log-file", default="")
+    ap.add_argument("--log-level", default="info")
+    return ap.parse_args(argv)
+
+
+def _configure_logging(log_file: str, level: str) -> None:
+    logger = logging.getLogger("rdma-agent")
+    logger.setLevel(level.upper())
+    logger.propagate = False
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(FORMAT))
+        logger.addHandler(handler)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    _configure_logging(args.log_file, args.log_level)
+    log = logging.getLogger("rdma-agent")
+    targets = None
+    if args.plugin:
+        from rdma_cni.agent.plugins import KNOWN
+
+        targets = dict(KNOWN)
+        for item in args.plugin:
+            name, sep, target = item.partition("=")
+            if not sep or ":" not in target:
+                sys.exit(f"rdma-agent: --plugin {item!r}: expected NAME=MODULE:ATTR")
+            targets[name] = target
+    agent = Agent(AgentConfig(args.socket, args.reconcile_interval, args.max_workers, targets))
+    served = agent.warm_up()
+    try:
+        agent.bind()
+    except (RuntimeError, OSError) as exc:
+        sys.exit(f"rdma-agent: cannot serve {args.socket}: {exc}")
+    log.info("serving %s on %s", ", ".join(served) or "no plugin", args.socket)
+    agent.serve()
+
+
+if __name__ == "__main__":
+    main()
