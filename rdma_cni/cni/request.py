@@ -48,6 +48,7 @@ STANDARD_ARGS = frozenset(
 
 MAX_STDIN = 4 * 1024 * 1024
 CONTAINER_ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+NETWORK_NAME_RE = CONTAINER_ID_RE  # the spec gives network names the same character rule
 IFNAME_MAX = 15  # IFNAMSIZ (16) minus the terminating NUL
 
 
@@ -92,6 +93,18 @@ def validate_container_id(value: str) -> None:
         )
 
 
+def validate_network_name(value: str) -> None:
+    """The spec's rule for a network name (libcni/skel ValidateNetworkName): plugins use it in paths."""
+    if not value:
+        raise CniError(INVALID_CONFIG, "config field 'name' is missing: name the network")
+    if not NETWORK_NAME_RE.match(value):
+        raise CniError(
+            INVALID_CONFIG,
+            "config field 'name' has invalid characters: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$",
+            value,
+        )
+
+
 def validate_ifname(value: str) -> None:
     problem = ""
     if not value:
@@ -129,7 +142,9 @@ def parse_cni_args(raw: str, known: frozenset[str]) -> dict[str, str]:
 
 def decode_config(stdin: bytes) -> dict[str, Any]:
     if len(stdin) > MAX_STDIN:
-        raise CniError(DECODE_FAILURE, f"network config on stdin is {len(stdin)} bytes; the limit is {MAX_STDIN}")
+        raise CniError(
+            DECODE_FAILURE, f"network config on stdin is {len(stdin)} bytes; the limit is {MAX_STDIN}"
+        )
     try:
         data = json.loads(stdin or b"{}")
     except (ValueError, UnicodeDecodeError) as exc:
@@ -173,11 +188,14 @@ def _attachments(config: Mapping[str, Any]) -> tuple[Attachment, ...] | None:
             raise CniError(INVALID_CONFIG, f"config field '{key}' must be a list of {{containerID, ifname}}")
         out = []
         for entry in raw:
-            if not isinstance(entry, dict) or not isinstance(entry.get("containerID"), str) or not isinstance(
-                entry.get("ifname"), str
+            if (
+                not isinstance(entry, dict)
+                or not isinstance(entry.get("containerID"), str)
+                or not isinstance(entry.get("ifname"), str)
             ):
                 raise CniError(
-                    INVALID_CONFIG, f"config field '{key}': every entry needs string 'containerID' and 'ifname'"
+                    INVALID_CONFIG,
+                    f"config field '{key}': every entry needs string 'containerID' and 'ifname'",
                 )
             out.append(Attachment(entry["containerID"], entry["ifname"]))
         return tuple(out)
@@ -199,7 +217,9 @@ def parse_request(
         validate_ifname(ifname)
     netns = env.get("CNI_NETNS", "")
     if netns and command in ("ADD", "CHECK") and not netns.startswith("/"):
-        raise CniError(INVALID_ENV, f"CNI_NETNS must be an absolute path to a network namespace, got {netns!r}")
+        raise CniError(
+            INVALID_ENV, f"CNI_NETNS must be an absolute path to a network namespace, got {netns!r}"
+        )
     args = parse_cni_args(env.get("CNI_ARGS", ""), known_args)
     config = decode_config(stdin)
     cni_version = config_version(config)
@@ -213,6 +233,8 @@ def parse_request(
     if not isinstance(runtime_config, dict):
         raise CniError(INVALID_CONFIG, "config field 'runtimeConfig' must be a JSON object")
     _string_field(config, "type", required=False)
+    name = _string_field(config, "name", required=True)
+    validate_network_name(name)
     prev = config.get("prevResult")
     return Request(
         command=command,
@@ -222,7 +244,7 @@ def parse_request(
         ifname=ifname,
         args=args,
         path=tuple(p for p in env.get("CNI_PATH", "").split(":") if p),
-        name=_string_field(config, "name", required=True),
+        name=name,
         config=config,
         runtime_config=runtime_config,
         prev_result=None if prev is None else parse_result(prev),
