@@ -145,8 +145,11 @@ def decode_config(stdin: bytes) -> dict[str, Any]:
         raise CniError(
             DECODE_FAILURE, f"network config on stdin is {len(stdin)} bytes; the limit is {MAX_STDIN}"
         )
+    if not stdin.strip():
+        # skel answers an empty stdin with a decode failure too: there is no config to act on.
+        raise CniError(DECODE_FAILURE, "no network config on stdin: the runtime must pass the JSON config")
     try:
-        data = json.loads(stdin or b"{}")
+        data = json.loads(stdin)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CniError(DECODE_FAILURE, f"network config on stdin is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
@@ -229,8 +232,10 @@ def parse_request(
             INCOMPATIBLE_VERSION,
             f"config version does not allow {command}: cniVersion {cni_version} < {minimum}",
         )
-    runtime_config = config.get("runtimeConfig") or {}
-    if not isinstance(runtime_config, dict):
+    runtime_config = config.get("runtimeConfig")
+    if runtime_config is None:
+        runtime_config = {}
+    elif not isinstance(runtime_config, dict):
         raise CniError(INVALID_CONFIG, "config field 'runtimeConfig' must be a JSON object")
     _string_field(config, "type", required=False)
     name = _string_field(config, "name", required=True)
