@@ -1,0 +1,171 @@
+"""GID records under ``runDir`` for other components (NCCL env injection, doctor) to read.
+
+``runDir/gid/<containerID>/<ifname>.json`` says which RDMA device, port and GID index a pod's
+interface got; ``runDir/gid/host.json`` keeps the host's RoCE v2 IPv4 index per device/port — the
+"unified" index every pod on the node should see. Files are written atomically (``rdma_cni.durable``)
+and are world-readable (0644 in 0755 dirs): they hold no secrets and readers need not be root.
+
+Usage::
+
+    write_pod_record("/run/rdma-cni", "abc123", "net1", entry, uverbs="uverbs0")
+    remove_pod_records("/run/rdma-cni", "abc123")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from rdma_cni import durable
+from rdma_cni.cni.request import validate_container_id, validate_ifname
+from rdma_cni.rdma import sysfs
+from rdma_cni.rdma.sysfs import GidEntry
+
+log = logging.getLogger(__name__)
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+HOST_RECORD = "host.json"
+
+
+def gid_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, "gid")
+
+
+def pod_record_path(run_dir: str, container_id: str, ifname: str) -> str:
+    """Validated path: a container ID or ifname like ``../x`` never reaches the filesystem."""
+    validate_container_id(container_id)
+    validate_ifname(ifname)
+    return os.path.join(gid_dir(run_dir), container_id, f"{ifname}.json")
+
+
+def _ensure_dirs(*paths: str) -> None:
+    for p in paths:
+        if not os.path.isdir(p):
+            durable.ensure_dir(p, DIR_MODE)
+
+
+def pod_record(container_id: str, ifname: str, entry: GidEntry, uverbs: str | None = None) -> dict[str, Any]:
+    return {
+        "containerId": container_id,
+        "ifname": ifname,
+        "device": entry.device,
+        "port": entry.port,
+        "gidIndex": entry.index,
+        "gid": entry.gid,
+        "type": entry.type,
+        "netdev": entry.ndev,
+        "ipv4": entry.ipv4,
+        "uverbs": f"/dev/infiniband/{uverbs}" if uverbs else None,
+    }
+
+
+def write_pod_record(
+    run_dir: str, container_id: str, ifname: str, entry: GidEntry, uverbs: str | None = None
+) -> str:
+    """Write (atomically) the record of one pod interface; returns its path."""
+    path = pod_record_path(run_dir, container_id, ifname)
+    _ensure_dirs(run_dir, gid_dir(run_dir), os.path.dirname(path))
+    durable.atomic_write_json(path, pod_record(container_id, ifname, entry, uverbs), FILE_MODE, DIR_MODE)
+    return path
+
+
+def read_pod_record(run_dir: str, container_id: str, ifname: str) -> dict[str, Any] | None:
+    """The record, or None when missing or unreadable (logged: a torn file is not fatal for DEL)."""
+    path = pod_record_path(run_dir, container_id, ifname)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("GID record %s unreadable, treated as absent: %s", path, e)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def remove_pod_records(run_dir: str, container_id: str, ifname: str | None = None) -> list[str]:
+    """Remove one interface's record (or all of the container's); idempotent. Returns removed paths."""
+    validate_container_id(container_id)
+    cdir = os.path.join(gid_dir(run_dir), container_id)
+    if ifname is not None:
+        names = [os.path.basename(pod_record_path(run_dir, container_id, ifname))]
+    else:
+        try:
+            names = sorted(n for n in os.listdir(cdir) if n.endswith(".json"))
+        except FileNotFoundError:
+            names = []
+    removed = [os.path.join(cdir, n) for n in names if durable.remove(os.path.join(cdir, n))]
+    try:
+        os.rmdir(cdir)
+    except OSError:
+        pass  # absent, or still holds another interface's record
+    return removed
+
+
+def list_pod_records(run_dir: str) -> dict[str, list[str]]:
+    """container ID -> interface names that have a record (for GC and ``cni-tool state``)."""
+    out: dict[str, list[str]] = {}
+    try:
+        cids = sorted(os.listdir(gid_dir(run_dir)))
+    except FileNotFoundError:
+        return out
+    for cid in cids:
+        cdir = os.path.join(gid_dir(run_dir), cid)
+        if os.path.isdir(cdir):
+            out[cid] = sorted(n[: -len(".json")] for n in os.listdir(cdir) if n.endswith(".json"))
+    return out
+
+
+def read_host_record(run_dir: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(gid_dir(run_dir), HOST_RECORD)) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("host GID record unreadable, rebuilt from sysfs: %s", e)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _previous_ports(run_dir: str) -> dict[tuple[str, int], dict[str, Any]]:
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for p in read_host_record(run_dir).get("ports", []):
+        if isinstance(p, dict) and isinstance(p.get("device"), str) and isinstance(p.get("port"), int):
+            out[(p["device"], p["port"])] = p
+    return out
+
+
+def _host_port(port: sysfs.RdmaPort, gids: list[GidEntry], previous: dict[str, Any] | None) -> dict[str, Any]:
+    mine = [g for g in gids if g.type == sysfs.ROCE_V2 and g.ipv4 and g.ndev == port.netdev]
+    rec: dict[str, Any] = {
+        "device": port.device,
+        "port": port.port,
+        "netdev": port.netdev,
+        "uverbs": port.uverbs_path,
+        "gids": [{"index": g.index, "gid": g.gid, "ipv4": g.ipv4} for g in mine],
+    }
+    if mine:
+        rec["gidIndex"], rec["ipv4"], rec["present"] = mine[0].index, mine[0].ipv4, True
+    elif previous and isinstance(previous.get("gidIndex"), int):
+        # The IP is in a pod now (same index, by design): the host's index is still the one to use.
+        rec["gidIndex"], rec["ipv4"], rec["present"] = previous["gidIndex"], previous.get("ipv4"), False
+    else:
+        rec["gidIndex"], rec["ipv4"], rec["present"] = None, None, False
+    return rec
+
+
+def update_host_record(run_dir: str, sysfs_root: str) -> dict[str, Any]:
+    """Rewrite ``host.json`` from the live GID tables; keeps the last index of an IP that moved to a pod."""
+    previous = _previous_ports(run_dir)
+    ports = []
+    for port in sysfs.list_ports(sysfs_root):
+        gids = sysfs.read_gids(sysfs_root, port.device, port.port)
+        ports.append(_host_port(port, gids, previous.get((port.device, port.port))))
+    record: dict[str, Any] = {"version": 1, "ports": ports}
+    _ensure_dirs(run_dir, gid_dir(run_dir))
+    durable.atomic_write_json(os.path.join(gid_dir(run_dir), HOST_RECORD), record, FILE_MODE, DIR_MODE)
+    return record

@@ -1,0 +1,327 @@
+"""RDMA devices, their ports and RoCE GID tables, read from sysfs.
+
+The kernel lays it out as (``rxe`` and ``mlx5`` alike)::
+
+    class/infiniband/<dev> -> ../../devices/.../infiniband/<dev>
+    <dev>/ports/<N>/{state,link_layer}
+    <dev>/ports/<N>/gids/<i>                 "fe80:0000:...:5669"; empty slot: all zeros
+    <dev>/ports/<N>/gid_attrs/types/<i>      "RoCE v2" | "IB/RoCE v1"; empty slot: EINVAL
+    <dev>/ports/<N>/gid_attrs/ndevs/<i>      netdev name *inside the netns that owns it*
+    class/infiniband_verbs/uverbs<K>/ibdev   <dev>
+
+A table has up to 1024 slots (rxe) and the kernel VM under TCG is slow, so a table is read in this
+one process with plain ``open`` calls, reading ``types``/``ndevs`` only for non-empty slots.
+
+Usage::
+
+    port = port_for_netdev("/sys", "bond0")          # RdmaPort(device="mlx5_bond_0", port=1, ...)
+    idx = roce_v2_index("/sys", port.device, port.port, "198.51.100.2")   # 1 on rxe, 3 on mlx5
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+
+ZERO_GID = bytes(16)
+ROCE_V2 = "RoCE v2"
+ROCE_V1 = "RoCE v1"
+IB = "IB"
+# Slot 0 holds the port's default GID (its netdev's MAC as EUI-64); its ndev is the port's netdev.
+DEFAULT_GID_INDEX = 0
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device and the netdev it runs over (``None`` for a port without one)."""
+
+    device: str
+    port: int
+    netdev: str | None
+    uverbs: str | None  # "uverbs0": /dev/infiniband/<uverbs> is what a pod opens
+    link_layer: str  # "Ethernet" (RoCE) or "InfiniBand"
+    state: str  # "ACTIVE", "DOWN", ...
+
+    @property
+    def uverbs_path(self) -> str | None:
+        return f"/dev/infiniband/{self.uverbs}" if self.uverbs else None
+
+
+@dataclass(frozen=True)
+class GidEntry:
+    """A non-empty slot of a GID table."""
+
+    device: str
+    port: int
+    index: int
+    gid: str  # canonical IPv6 text (RFC 5952): "::ffff:198.51.100.2", "fe80::6477:54ff:fe36:5669"
+    type: str  # ROCE_V2, ROCE_V1 or IB
+    ndev: str  # "" when the slot has no netdev (IB, or a netns being torn down)
+    ipv4: str | None  # the IPv4 address of an IPv4-mapped GID
+
+    @property
+    def raw(self) -> str:
+        """The GID as sysfs and ``show_gids`` print it: eight groups of four hex digits."""
+        packed = socket.inet_pton(socket.AF_INET6, self.gid).hex()
+        return ":".join(packed[i : i + 4] for i in range(0, 32, 4))
+
+
+def _read(path: str) -> str | None:
+    """Attribute text, or None when the kernel (EINVAL/ENODATA) or the tree (ENOENT) has no value."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read().decode("ascii", "replace").strip()
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENODATA, errno.ENOENT, errno.ENOTDIR):
+            return None
+        raise
+
+
+def gid_bytes(text: str) -> bytes:
+    """sysfs GID text ("fe80:0000:...") or any IPv6 text -> 16 bytes."""
+    return socket.inet_pton(socket.AF_INET6, text)
+
+
+def gid_for_ip(ip: str) -> bytes:
+    """The GID the kernel derives from an address: IPv4 -> ``::ffff:a.b.c.d``, IPv6 -> itself."""
+    addr = ipaddress.ip_address(ip)
+    if isinstance(addr, ipaddress.IPv4Address):
+        return b"\0" * 10 + b"\xff\xff" + addr.packed
+    return addr.packed
+
+
+def gid_text(raw: bytes) -> str:
+    return socket.inet_ntop(socket.AF_INET6, raw)
+
+
+def _ipv4_of(raw: bytes) -> str | None:
+    if raw[:12] == b"\0" * 10 + b"\xff\xff":
+        return socket.inet_ntop(socket.AF_INET, raw[12:])
+    return None
+
+
+def _gid_type(text: str | None, link_layer: str) -> str | None:
+    if text is None:
+        return None
+    if text == ROCE_V2:
+        return ROCE_V2
+    if "v1" in text:  # the kernel prints "IB/RoCE v1" for both
+        return IB if link_layer == "InfiniBand" else ROCE_V1
+    return text
+
+
+def device_dir(sysfs_root: str, device: str) -> str:
+    return os.path.join(sysfs_root, "class", "infiniband", device)
+
+
+def port_dir(sysfs_root: str, device: str, port: int) -> str:
+    return os.path.join(device_dir(sysfs_root, device), "ports", str(port))
+
+
+def list_devices(sysfs_root: str) -> list[str]:
+    """Names of the RDMA devices visible under ``sysfs_root`` (empty when there is no RDMA)."""
+    try:
+        names = os.listdir(os.path.join(sysfs_root, "class", "infiniband"))
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if os.path.isdir(device_dir(sysfs_root, n)))
+
+
+def _port_numbers(sysfs_root: str, device: str) -> list[int]:
+    try:
+        names = os.listdir(os.path.join(device_dir(sysfs_root, device), "ports"))
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def _state(text: str | None) -> str:
+    # "4: ACTIVE" -> "ACTIVE"
+    if not text:
+        return "UNKNOWN"
+    return text.split(":", 1)[-1].strip()
+
+
+def uverbs_of(sysfs_root: str, device: str) -> str | None:
+    """The ``uverbsN`` char device of ``device``, from ``class/infiniband_verbs/*/ibdev``."""
+    base = os.path.join(sysfs_root, "class", "infiniband_verbs")
+    try:
+        names = sorted(os.listdir(base))
+    except FileNotFoundError:
+        return None
+    for name in names:
+        if name.startswith("uverbs") and _read(os.path.join(base, name, "ibdev")) == device:
+            return name
+    return None
+
+
+def _host_netdevs(sysfs_root: str) -> set[str] | None:
+    try:
+        return set(os.listdir(os.path.join(sysfs_root, "class", "net")))
+    except FileNotFoundError:
+        return None
+
+
+def _master_of(sysfs_root: str, netdev: str) -> str:
+    """A bond slave's master (mlx5 LAG: ``device/net`` lists the PF, the RoCE netdev is its bond)."""
+    link = os.path.join(sysfs_root, "class", "net", netdev, "master")
+    if os.path.islink(link):
+        return os.path.basename(os.readlink(link))
+    return netdev
+
+
+def _netdev_candidates(sysfs_root: str, device: str, port: int) -> list[str]:
+    """Where a port's netdev can be read, most reliable first."""
+    out: list[str] = []
+    ndev0 = _read(
+        os.path.join(port_dir(sysfs_root, device, port), "gid_attrs", "ndevs", str(DEFAULT_GID_INDEX))
+    )
+    if ndev0:
+        out.append(ndev0)
+    net_dir = os.path.join(device_dir(sysfs_root, device), "device", "net")
+    try:
+        pfs = sorted(os.listdir(net_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        pfs = []
+    for pf in pfs:
+        dev_port = _read(os.path.join(net_dir, pf, "dev_port"))
+        if len(pfs) > 1 and dev_port is not None and dev_port.isdigit() and int(dev_port) + 1 != port:
+            continue
+        out.append(_master_of(sysfs_root, pf))
+    return out
+
+
+def port_netdev(sysfs_root: str, device: str, port: int) -> str | None:
+    """The netdev a RoCE port runs over: the default GID's ndev, else ``device/net/`` (or its bond)."""
+    candidates = _netdev_candidates(sysfs_root, device, port)
+    present = _host_netdevs(sysfs_root)
+    for name in candidates:
+        if present is None or name in present:
+            return name
+    return candidates[0] if candidates else None
+
+
+def read_port(sysfs_root: str, device: str, port: int) -> RdmaPort:
+    pdir = port_dir(sysfs_root, device, port)
+    return RdmaPort(
+        device=device,
+        port=port,
+        netdev=port_netdev(sysfs_root, device, port),
+        uverbs=uverbs_of(sysfs_root, device),
+        link_layer=_read(os.path.join(pdir, "link_layer")) or "UNKNOWN",
+        state=_state(_read(os.path.join(pdir, "state"))),
+    )
+
+
+def list_ports(sysfs_root: str) -> list[RdmaPort]:
+    """Every port of every RDMA device, with its netdev, uverbs device, link layer and state."""
+    return [
+        read_port(sysfs_root, d, p) for d in list_devices(sysfs_root) for p in _port_numbers(sysfs_root, d)
+    ]
+
+
+def _device_via_netdev_links(sysfs_root: str, netdev: str) -> str | None:
+    """``class/net/<netdev>/device/infiniband/<dev>``, or the same through a bond's ``lower_*`` links."""
+    base = os.path.join(sysfs_root, "class", "net", netdev)
+    dirs = [os.path.join(base, "device", "infiniband")]
+    try:
+        lowers = sorted(n for n in os.listdir(base) if n.startswith("lower_"))
+    except (FileNotFoundError, NotADirectoryError):
+        lowers = []
+    dirs += [os.path.join(base, n, "device", "infiniband") for n in lowers]
+    for d in dirs:
+        try:
+            devs = sorted(os.listdir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if devs:
+            return devs[0]
+    return None
+
+
+def port_for_netdev(sysfs_root: str, netdev: str) -> RdmaPort | None:
+    """The RDMA port that runs over ``netdev`` (a bond), or None when the netdev has no RDMA device."""
+    ports = list_ports(sysfs_root)
+    for p in ports:
+        if p.netdev == netdev:
+            return p
+    device = _device_via_netdev_links(sysfs_root, netdev)
+    for p in ports:
+        if p.device == device:
+            return RdmaPort(p.device, p.port, netdev, p.uverbs, p.link_layer, p.state)
+    return None
+
+
+def _slot_numbers(gids_dir: str) -> list[int]:
+    try:
+        return sorted(int(n) for n in os.listdir(gids_dir) if n.isdigit())
+    except FileNotFoundError:
+        return []
+
+
+def _read_raw_gid(path: str) -> bytes | None:
+    text = _read(path)
+    if not text:
+        return None
+    try:
+        raw = gid_bytes(text)
+    except OSError:
+        return None
+    return None if raw == ZERO_GID else raw
+
+
+def _entry(
+    sysfs_root: str, device: str, port: int, index: int, raw: bytes, link_layer: str
+) -> GidEntry | None:
+    attrs = os.path.join(port_dir(sysfs_root, device, port), "gid_attrs")
+    gtype = _gid_type(_read(os.path.join(attrs, "types", str(index))), link_layer)
+    if gtype is None:  # the slot emptied between the two reads
+        return None
+    ndev = _read(os.path.join(attrs, "ndevs", str(index))) or ""
+    return GidEntry(device, port, index, gid_text(raw), gtype, ndev, _ipv4_of(raw))
+
+
+def read_gids(sysfs_root: str, device: str, port: int) -> list[GidEntry]:
+    """The non-empty slots of a port's GID table, in index order."""
+    pdir = port_dir(sysfs_root, device, port)
+    link_layer = _read(os.path.join(pdir, "link_layer")) or ""
+    gids_dir = os.path.join(pdir, "gids")
+    out: list[GidEntry] = []
+    for index in _slot_numbers(gids_dir):
+        raw = _read_raw_gid(os.path.join(gids_dir, str(index)))
+        if raw is None:
+            continue
+        entry = _entry(sysfs_root, device, port, index, raw, link_layer)
+        if entry is not None:
+            out.append(entry)
+    return out
+
+
+def find_gid(
+    sysfs_root: str, device: str, port: int, ip: str, gid_type: str = ROCE_V2, ndev: str | None = None
+) -> GidEntry | None:
+    """The lowest slot holding the GID of ``ip`` with ``gid_type`` (and ``ndev``, when given).
+
+    While an address is briefly on two netdevs (host and pod) the kernel holds two entries with the
+    same GID; ``ndev`` picks the one that belongs to the wanted side.
+    """
+    want = gid_for_ip(ip)
+    pdir = port_dir(sysfs_root, device, port)
+    link_layer = _read(os.path.join(pdir, "link_layer")) or ""
+    gids_dir = os.path.join(pdir, "gids")
+    for index in _slot_numbers(gids_dir):
+        if _read_raw_gid(os.path.join(gids_dir, str(index))) != want:
+            continue
+        entry = _entry(sysfs_root, device, port, index, want, link_layer)
+        if entry is not None and entry.type == gid_type and (ndev is None or entry.ndev == ndev):
+            return entry
+    return None
+
+
+def roce_v2_index(sysfs_root: str, device: str, port: int, ip: str, ndev: str | None = None) -> int | None:
+    """Index of the RoCE v2 GID of ``ip``, found by value (1 on rxe, 3 on mlx5 — never assumed)."""
+    entry = find_gid(sysfs_root, device, port, ip, ROCE_V2, ndev)
+    return entry.index if entry else None
