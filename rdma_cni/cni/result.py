@@ -202,10 +202,12 @@ def _parse_ip(d: Any) -> IPConfig:
     if not isinstance(d, dict):
         raise TypeError("each of 'ips' must be an object")
     address = _str(d, "address")
+    if "/" not in address:
+        raise ValueError(f"'address' {address!r} must be in CIDR form, e.g. 198.51.100.2/24")
     ipaddress.ip_interface(address)  # ValueError names the bad address
     gateway = _str(d, "gateway")
     if gateway:
-        ipaddress.ip_address(gateway)
+        _check_ip(gateway, "ips[].gateway")
     return IPConfig(address=address, gateway=gateway, interface=_opt_int(d, "interface"))
 
 
@@ -214,9 +216,12 @@ def _parse_route(d: Any) -> Route:
         raise TypeError("each of 'routes' must be an object")
     dst = _str(d, "dst")
     ipaddress.ip_network(dst, strict=False)
+    gw = _str(d, "gw")
+    if gw:
+        _check_ip(gw, "routes[].gw")
     return Route(
         dst=dst,
-        gw=_str(d, "gw"),
+        gw=gw,
         mtu=_opt_int(d, "mtu") or 0,
         advmss=_opt_int(d, "advmss") or 0,
         priority=_opt_int(d, "priority") or 0,
@@ -229,8 +234,24 @@ def _parse_dns(d: Any) -> DNS:
     if not isinstance(d, dict):
         raise TypeError("'dns' must be an object")
     return DNS(
-        nameservers=[str(x) for x in d.get("nameservers") or []],
+        nameservers=_str_list(d, "nameservers"),
         domain=_str(d, "domain"),
-        search=[str(x) for x in d.get("search") or []],
-        options=[str(x) for x in d.get("options") or []],
+        search=_str_list(d, "search"),
+        options=_str_list(d, "options"),
     )
+
+
+def _check_ip(value: str, what: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError as exc:
+        raise ValueError(f"'{what}' {value!r} is not an IP address") from exc
+
+
+def _str_list(d: dict[str, Any], key: str) -> list[str]:
+    value = d.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise TypeError(f"'dns.{key}' must be a list of strings")
+    return list(value)
