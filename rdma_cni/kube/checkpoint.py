@@ -1,0 +1,55 @@
+"""Which device-plugin devices the kubelet gave a pod, read from its device-manager checkpoint.
+
+``<kubeletRootDir>/device-plugins/kubelet_internal_checkpoint`` is JSON the kubelet rewrites on every
+allocation: ``{"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs",
+"AllocResp"}], "RegisteredDevices": {...}}, "Checksum": N}``. Since Kubernetes 1.20 ``DeviceIDs`` is a
+map NUMA node -> IDs; before, a plain list. Both are read. The kubelet allocates devices before it
+asks the runtime for the pod sandbox, so by the time a CNI ADD runs the entry is there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from rdma_cni.cni.errors import STATE_CORRUPT, CniError
+
+log = logging.getLogger("rdma_cni.kube")
+
+CHECKPOINT = os.path.join("device-plugins", "kubelet_internal_checkpoint")
+
+
+def device_ids(kubelet_root: str, pod_uid: str, resource: str) -> list[str]:
+    """IDs of ``resource`` allocated to every container of the pod, in container order; [] if none."""
+    path = os.path.join(kubelet_root, CHECKPOINT)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        log.info("no kubelet device checkpoint at %s", path)
+        return []
+    except (OSError, ValueError) as exc:
+        raise CniError(STATE_CORRUPT, f"kubelet device checkpoint {path} cannot be read: {exc}") from exc
+    entries = ((doc or {}).get("Data") or {}).get("PodDeviceEntries") or []
+    out: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("PodUID") != pod_uid or entry.get("ResourceName") != resource:
+            continue
+        for dev in _ids(entry.get("DeviceIDs")):
+            if dev not in out:
+                out.append(dev)
+    return out
+
+
+def _ids(raw: Any) -> list[str]:
+    if isinstance(raw, list):
+        return [str(x) for x in raw]
+    if isinstance(raw, dict):
+        # NUMA node -> IDs; sort nodes numerically so the order is stable from call to call.
+        nodes = sorted(raw, key=lambda k: (int(k) if str(k).lstrip("-").isdigit() else 1 << 30, str(k)))
+        return [str(x) for node in nodes for x in (raw[node] or [])]
+    return []

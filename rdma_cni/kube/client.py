@@ -1,0 +1,151 @@
+"""GET one pod from the Kubernetes API, over TLS, with a deadline and bounded retries.
+
+The API server may be restarting when a pod starts (a node reboot brings everything up at once), so
+connection failures, timeouts, 429 and 5xx are retried with a short backoff until ``attempts`` or the
+overall ``timeout`` runs out; 401/403/404 are answers, not outages, and are not retried. Nothing here
+logs a header or a key: the token only ever goes into the request it authorises.
+
+    client = PodClient(kubeconfig.load("/etc/cni/net.d/rdma-multus.d/kubeconfig"))
+    pod = client.get_pod("default", "ibv-app-0")     # None when the pod does not exist
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import ssl
+import time
+import urllib.parse
+
+from rdma_cni.cni.errors import INVALID_CONFIG, KUBE_API_FAILURE, CniError
+from rdma_cni.kube.kubeconfig import KubeConfig
+from rdma_cni.kube.pod import Pod
+
+log = logging.getLogger("rdma_cni.kube")
+
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class PodClient:
+    def __init__(
+        self, config: KubeConfig, timeout: float = 10.0, attempts: int = 3, backoff: float = 0.2
+    ) -> None:
+        self.config = config
+        self.timeout = timeout
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self._ssl: ssl.SSLContext | None = None
+
+    def get_pod(self, namespace: str, name: str) -> Pod | None:
+        path = f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/pods/{urllib.parse.quote(name)}"
+        status, body = self._get(path)
+        if status == 404:
+            return None
+        if status in (401, 403):
+            raise CniError(
+                KUBE_API_FAILURE,
+                f"Kubernetes API refused GET pod {namespace}/{name} with {status}: "
+                "check the kubeconfig's token or client certificate and its RBAC (get pods)",
+            )
+        if status != 200:
+            raise CniError(
+                KUBE_API_FAILURE, f"Kubernetes API answered {status} to GET pod {namespace}/{name}"
+            )
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            raise CniError(
+                KUBE_API_FAILURE, f"Kubernetes API sent invalid JSON for pod {namespace}/{name}"
+            ) from exc
+        if not isinstance(obj, dict) or obj.get("kind", "Pod") != "Pod":
+            raise CniError(
+                KUBE_API_FAILURE, f"Kubernetes API sent something other than a Pod for {namespace}/{name}"
+            )
+        return Pod.from_api(obj)
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        deadline = time.monotonic() + self.timeout
+        last = ""
+        for attempt in range(1, self.attempts + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                status, body = self._request(path, remaining)
+            except (OSError, http.client.HTTPException) as exc:
+                if isinstance(exc, ssl.SSLCertVerificationError):
+                    raise CniError(
+                        KUBE_API_FAILURE,
+                        f"TLS verification of {self.config.server} failed ({exc.verify_message}): "
+                        "fix the kubeconfig's certificate-authority",
+                    ) from exc
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if status not in RETRYABLE_STATUS:
+                    return status, body
+                last = f"HTTP {status}"
+            log.warning("Kubernetes API GET %s attempt %d/%d failed: %s", path, attempt, self.attempts, last)
+            pause = min(self.backoff * 2 ** (attempt - 1), max(0.0, deadline - time.monotonic()))
+            if attempt < self.attempts and pause > 0:
+                time.sleep(pause)
+        raise CniError(
+            KUBE_API_FAILURE,
+            f"Kubernetes API {self.config.server} unreachable after {self.attempts} attempts "
+            f"within {self.timeout:g}s: {last or 'timed out'}",
+        )
+
+    def _request(self, path: str, timeout: float) -> tuple[int, bytes]:
+        url = urllib.parse.urlsplit(self.config.server)
+        conn: http.client.HTTPConnection
+        if url.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                url.hostname or "", url.port or 443, timeout=timeout, context=self._context()
+            )
+        else:
+            conn = http.client.HTTPConnection(url.hostname or "", url.port or 80, timeout=timeout)
+        headers = {"Accept": "application/json", "User-Agent": "rdma-multus"}
+        token = self.config.bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            conn.request("GET", url.path.rstrip("/") + path, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = tls_context(self.config)
+        return self._ssl
+
+
+def tls_context(config: KubeConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    if config.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif config.ca_data:
+        ctx.load_verify_locations(cadata=config.ca_data.decode("ascii", errors="replace"))
+    if config.cert_data and config.key_data:
+        _load_client_pair(ctx, config.cert_data, config.key_data)
+    return ctx
+
+
+def _load_client_pair(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """ssl only loads key pairs from paths: hand it memfds so the key never touches a disk."""
+    fds = [os.memfd_create("kube-cert", os.MFD_CLOEXEC), os.memfd_create("kube-key", os.MFD_CLOEXEC)]
+    try:
+        os.write(fds[0], cert)
+        os.write(fds[1], key)
+        try:
+            ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+        except ssl.SSLError as exc:
+            raise CniError(
+                INVALID_CONFIG, "kubeconfig client-certificate/client-key cannot be loaded as a PEM pair"
+            ) from exc
+    finally:
+        for fd in fds:
+            os.close(fd)

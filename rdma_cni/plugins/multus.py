@@ -1,0 +1,326 @@
+"""rdma-multus: one CNI config that runs the pod's networks, chosen by a pod annotation.
+
+ADD reads like the data path: config → pod's network request (runtime annotations or the API) →
+plan (delegate configs, interface names, device IDs) → write the plan → run delegates in order,
+undoing the ones already added if one fails → the default network's result plus the others'
+interfaces. DEL, CHECK and GC replay the plan; none of them needs the API server.
+
+The default network (first of ``defaultDelegates``) always gets ``CNI_IFNAME``; the pod's annotation
+may name it too (the TKE form ``tke-route-eni,tke-rdma-macvlan``) or leave it out (the Multus form,
+extra networks only). Every other network gets ``net1``, ``net2``… unless it names its interface.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rdma_cni import log as rdma_log
+from rdma_cni.cni import conflist
+from rdma_cni.cni.cache import ResultCache
+from rdma_cni.cni.errors import (
+    CHECK_FAILED,
+    INVALID_CONFIG,
+    IO_FAILURE,
+    STATUS_UNAVAILABLE,
+    TRY_AGAIN_LATER,
+    CniError,
+)
+from rdma_cni.cni.invoke import find_plugin
+from rdma_cni.cni.request import Attachment, Request
+from rdma_cni.cni.result import Result
+from rdma_cni.cni.result import parse as parse_result
+from rdma_cni.plugins.multus_config import MultusConfig, parse_config
+from rdma_cni.plugins.multus_delegates import Delegate, DelegateRunner, gc_network, status_network
+from rdma_cni.plugins.multus_networks import NetworkSelection
+from rdma_cni.plugins.multus_plan import AttachmentPlan, PlanStore
+from rdma_cni.plugins.multus_pod import PodView
+
+log = logging.getLogger("rdma_cni.multus")
+
+# CNI_ARGS keys rdma-multus reads beyond the standard Kubernetes ones.
+KNOWN_ARGS: frozenset[str] = frozenset()
+
+
+class Multus:
+    def add(self, req: Request) -> Result:
+        cfg = _config(req)
+        pod = PodView(req, cfg)
+        plan = AttachmentPlan(req.container_id, req.ifname, req.netns, pod.ref(), _plan(req, cfg, pod))
+        store = PlanStore(cfg.cache_dir)
+        if store.load(req.container_id, req.ifname) is not None:
+            raise CniError(
+                TRY_AGAIN_LATER,
+                f"container {req.container_id} {req.ifname} is already set up by rdma-multus: DEL it first",
+            )
+        store.save(plan)  # before any delegate runs: DEL must be able to undo a half-done ADD
+        runner = _runner(req, cfg)
+        results: list[dict[str, Any]] = []
+        for index, delegate in enumerate(plan.delegates):
+            try:
+                results.append(runner.add(delegate))
+            except (CniError, OSError) as exc:
+                err = _as_cni_error(exc)
+                log.error(
+                    "ADD of network %s (%s) failed: %s; undoing", delegate.network, delegate.ifname, err.msg
+                )
+                _undo(runner, plan.delegates[: index + 1])
+                store.remove(req.container_id, req.ifname)
+                msg = f"network {delegate.network} ({delegate.ifname}): {err.msg}"
+                raise CniError(err.code, msg, err.details) from exc
+        return _merge(plan.delegates, results)
+
+    def delete(self, req: Request) -> None:
+        cfg = _config(req)
+        store = PlanStore(cfg.cache_dir)
+        plan = store.load(req.container_id, req.ifname)
+        if plan is None:
+            log.info(
+                "DEL %s %s: nothing recorded (never added or already deleted)", req.container_id, req.ifname
+            )
+            return
+        errors = _undo(_runner(req, cfg), plan.delegates)
+        if errors:
+            # Keep the plan: the runtime retries DEL, and every delegate's DEL is idempotent.
+            raise errors[0]
+        store.remove(req.container_id, req.ifname)
+
+    def check(self, req: Request) -> None:
+        cfg = _config(req)
+        plan = PlanStore(cfg.cache_dir).load(req.container_id, req.ifname)
+        if plan is None:
+            raise CniError(CHECK_FAILED, f"rdma-multus has no record of {req.container_id} {req.ifname}")
+        runner = _runner(req, cfg)
+        for delegate in plan.delegates:
+            runner.check(delegate)
+
+    def gc(self, req: Request) -> None:
+        cfg = _config(req)
+        if req.valid_attachments is None:
+            log.info("GC without cni.dev/valid-attachments: nothing is known to be stale")
+            return
+        valid = set(req.valid_attachments)
+        store = PlanStore(cfg.cache_dir)
+        live: list[AttachmentPlan] = []
+        for plan in store.plans():
+            if Attachment(plan.container_id, plan.ifname) in valid:
+                live.append(plan)
+                continue
+            log.info("GC: removing stale attachment %s %s (pod %s)", plan.container_id, plan.ifname, plan.pod)
+            netns = plan.netns if plan.netns and os.path.exists(plan.netns) else ""
+            runner = _runner(req, cfg, plan.container_id, netns)
+            if not _undo(runner, plan.delegates):
+                store.remove(plan.container_id, plan.ifname)
+        _forward_gc(req, cfg, live)
+
+    def status(self, req: Request) -> None:
+        cfg = _config(req)
+        dirs = cfg.delegate_dirs(req.path)
+        for name in cfg.default_delegates:
+            try:
+                net = conflist.load(cfg.conf_dir, name)
+            except CniError as err:
+                raise CniError(STATUS_UNAVAILABLE, f"default network {name}: {err.msg}") from err
+            status_network(net, dirs, req.env, cfg.delegate_timeout)
+
+
+def _config(req: Request) -> MultusConfig:
+    cfg = parse_config(req.config)
+    rdma_log.configure(cfg.log_file, cfg.log_level)
+    return cfg
+
+
+def _runner(
+    req: Request, cfg: MultusConfig, container_id: str = "", netns: str | None = None
+) -> DelegateRunner:
+    return DelegateRunner(
+        bin_dirs=cfg.delegate_dirs(req.path),
+        cache=ResultCache(cfg.cache_dir),
+        container_id=container_id or req.container_id,
+        netns=req.netns if netns is None else netns,
+        base_env=req.env,
+        timeout=cfg.delegate_timeout,
+    )
+
+
+def _undo(runner: DelegateRunner, delegates: Sequence[Delegate]) -> list[CniError]:
+    """DEL ``delegates`` last-first; every one is tried, the failures are returned."""
+    errors: list[CniError] = []
+    for delegate in reversed(delegates):
+        try:
+            runner.delete(delegate)
+        except (CniError, OSError) as exc:
+            err = _as_cni_error(exc)
+            log.error("DEL of network %s (%s) failed: %s", delegate.network, delegate.ifname, err.msg)
+            errors.append(CniError(err.code, f"network {delegate.network} ({delegate.ifname}): {err.msg}"))
+    return errors
+
+
+def _as_cni_error(exc: BaseException) -> CniError:
+    if isinstance(exc, CniError):
+        return exc
+    return CniError(IO_FAILURE, f"{type(exc).__name__}: {exc}")
+
+
+def _merge(delegates: Sequence[Delegate], results: Sequence[dict[str, Any]]) -> Result:
+    parsed = [
+        parse_result(r, what=f"result of network {d.network}")
+        for d, r in zip(delegates, results, strict=True)
+    ]
+    default_index = next(i for i, d in enumerate(delegates) if d.is_default)
+    merged = parsed[default_index]
+    for i, other in enumerate(parsed):
+        if i != default_index:
+            merged.merge(other)
+    return merged
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    selection: NetworkSelection
+    ifname: str
+    is_default: bool
+
+
+def _plan(req: Request, cfg: MultusConfig, pod: PodView) -> list[Delegate]:
+    wanted = _networks(req, cfg, pod.selections())
+    dirs = cfg.delegate_dirs(req.path)
+    delegates = []
+    for w in wanted:
+        net = conflist.load(cfg.conf_dir, w.selection.name)
+        for plugin in net.plugins:
+            # Fail before anything runs when a binary is missing: a rollback is never free.
+            find_plugin(str(plugin["type"]), dirs)
+        delegates.append(_delegate(req, net, w, pod))
+    return delegates
+
+
+def _networks(req: Request, cfg: MultusConfig, selections: list[NetworkSelection]) -> list[_Wanted]:
+    by_name = {s.name: s for s in selections}
+    ordered = [by_name.get(n, NetworkSelection(name=n)) for n in cfg.default_delegates]
+    ordered += [s for s in selections if s.name not in cfg.default_delegates]
+    first = ordered[0]
+    if first.interface and first.interface != req.ifname:
+        raise CniError(
+            INVALID_CONFIG,
+            f"pod annotation {cfg.annotation}: {first.name} is the default network and always gets "
+            f"CNI_IFNAME ({req.ifname}); remove '@{first.interface}'",
+        )
+    taken = {req.ifname} | {s.interface for s in ordered[1:] if s.interface}
+    if any(s.interface == req.ifname for s in ordered[1:]):
+        raise CniError(
+            INVALID_CONFIG,
+            f"pod annotation {cfg.annotation}: {req.ifname} is the default network's interface",
+        )
+    out = [_Wanted(first, req.ifname, True)]
+    counter = 0
+    for sel in ordered[1:]:
+        ifname = sel.interface
+        while not ifname:
+            counter += 1
+            candidate = f"net{counter}"
+            if candidate not in taken:
+                ifname = candidate
+                taken.add(candidate)
+        out.append(_Wanted(sel, ifname, False))
+    names = [w.selection.name for w in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        log.info("networks requested more than once: %s", dupes)
+    return out
+
+
+def _delegate(req: Request, net: conflist.NetworkConfigList, w: _Wanted, pod: PodView) -> Delegate:
+    sel = w.selection
+    cni_args: list[tuple[str, str]] = [("IgnoreUnknown", "1")]
+    cni_args += [(k, v) for k, v in req.args.items() if k != "IgnoreUnknown"]
+    capability_args: dict[str, Any] = dict(req.runtime_config) if w.is_default else {}
+    if sel.mac:
+        capability_args["mac"] = sel.mac
+        cni_args.append(("MAC", sel.mac))
+    if sel.ips:
+        capability_args["ips"] = list(sel.ips)
+        cni_args.append(("IP", ",".join(sel.ips)))
+    injected: dict[int, dict[str, Any]] = {}
+    runtime_injected: dict[int, dict[str, Any]] = {}
+    if sel.cni_args:
+        for i, plugin in enumerate(net.plugins):
+            args = dict(plugin.get("args") or {})
+            args["cni"] = {**(args.get("cni") or {}), **sel.cni_args}
+            injected[i] = {"args": args}
+    _inject_devices(net, sel, pod, injected, runtime_injected)
+    return Delegate(
+        network=net.name,
+        ifname=w.ifname,
+        config=net.raw,
+        is_default=w.is_default,
+        cni_args=cni_args,
+        capability_args=capability_args,
+        injected=injected,
+        runtime_injected=runtime_injected,
+    )
+
+
+def _inject_devices(
+    net: conflist.NetworkConfigList,
+    sel: NetworkSelection,
+    pod: PodView,
+    injected: dict[int, dict[str, Any]],
+    runtime_injected: dict[int, dict[str, Any]],
+) -> None:
+    """Give the network's resource-naming plugin the pod's devices, the way Multus does.
+
+    Multus sets a top-level ``deviceID``; rdma-macvlan also reads ``runtimeConfig.deviceIDs`` (all of
+    them: a pod with four RDMA NICs gets four bonds) and ``count`` (when the kubelet's checkpoint has
+    no entry, the pod's requested count still says how many).
+    """
+    located = _resource_plugin(net)
+    if located is None and not sel.device_id:
+        return
+    index, resource = located if located is not None else (0, "")
+    ids = [sel.device_id] if sel.device_id else pod.device_ids(resource)
+    requested = pod.requested(resource) if resource and not ids else 0
+    top = injected.setdefault(index, {})
+    runtime = runtime_injected.setdefault(index, {})
+    if ids:
+        top["deviceID"] = ids[0]
+        runtime["deviceID"] = ids[0]
+        runtime["deviceIDs"] = ids
+        top["count"] = len(ids)
+    elif requested:
+        top["count"] = requested
+    log.info("network %s resource %r: device IDs %s, requested %d", net.name, resource, ids, requested)
+
+
+def _resource_plugin(net: conflist.NetworkConfigList) -> tuple[int, str] | None:
+    for i, plugin in enumerate(net.plugins):
+        name = plugin.get("resourceName")
+        if isinstance(name, str) and name:
+            return i, name
+    try:
+        top = json.loads(net.raw).get("resourceName")
+    except ValueError:
+        return None
+    return (0, top) if isinstance(top, str) and top else None
+
+
+def _forward_gc(req: Request, cfg: MultusConfig, live: Sequence[AttachmentPlan]) -> None:
+    """GC every network we know, telling each which of its attachments are still in use."""
+    nets: dict[str, conflist.NetworkConfigList] = {}
+    valid: dict[str, list[tuple[str, str]]] = {}
+    for plan in live:
+        for d in plan.delegates:
+            nets.setdefault(d.network, d.net())
+            valid.setdefault(d.network, []).append((plan.container_id, d.ifname))
+    for name in cfg.default_delegates:
+        try:
+            nets[name] = conflist.load(cfg.conf_dir, name)
+        except CniError as err:
+            log.warning("GC: default network %s cannot be loaded: %s", name, err.msg)
+    dirs = cfg.delegate_dirs(req.path)
+    for name, net in nets.items():
+        gc_network(net, valid.get(name, []), dirs, req.env, cfg.delegate_timeout)
