@@ -34,7 +34,7 @@ def run(env: Mapping[str, str], stdin: bytes, spec: PluginSpec) -> tuple[str, in
         if command not in VERBS:
             raise CniError(INVALID_ENV, f"unknown CNI_COMMAND {command!r}: expected one of {list(VERBS)}")
         if command == "VERSION":
-            return _version_answer(), 0
+            return _version_answer(stdin), 0
         req = parse_request(env, stdin, command, spec.known_args)
         return _execute(req, spec), 0
     except CniError as err:
@@ -43,7 +43,7 @@ def run(env: Mapping[str, str], stdin: bytes, spec: PluginSpec) -> tuple[str, in
     except OSError as exc:
         log.exception("%s %s: I/O failure", spec.name, command)
         return _error_json(CniError(IO_FAILURE, f"I/O failure: {exc}"), _error_version(stdin)), 1
-    except Exception as exc:  # noqa: BLE001 - the runtime must always get JSON, even for a bug
+    except Exception as exc:  # the runtime must always get JSON, even for a bug
         log.exception("%s %s: internal error", spec.name, command)
         msg = f"internal error ({type(exc).__name__}: {exc}); see the plugin log"
         return _error_json(CniError(INTERNAL_ERROR, msg), _error_version(stdin)), 1
@@ -64,17 +64,34 @@ def _execute(req: Request, spec: PluginSpec) -> str:
     return ""
 
 
-def _version_answer() -> str:
-    return json.dumps({"cniVersion": cniver.CURRENT, "supportedVersions": list(cniver.SUPPORTED)})
+def _version_answer(stdin: bytes) -> str:
+    """SPEC "Version": ``cniVersion`` is the one given on input; VERSION never fails on bad stdin."""
+    asked = _input_version(stdin)
+    valid = asked is not None and _is_semver(asked)
+    answer = asked if valid else cniver.CURRENT
+    return json.dumps({"cniVersion": answer, "supportedVersions": list(cniver.SUPPORTED)})
+
+
+def _input_version(stdin: bytes) -> str | None:
+    try:
+        value = json.loads(stdin).get("cniVersion")
+    except Exception:  # noqa: BLE001 - undecodable stdin simply has no version
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _is_semver(value: str) -> bool:
+    try:
+        cniver.parse(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _error_version(stdin: bytes) -> str:
     """The config's cniVersion when it is one we speak, else the newest (what skel does)."""
-    try:
-        value = json.loads(stdin).get("cniVersion")
-    except Exception:  # noqa: BLE001 - any undecodable stdin falls back to CURRENT
-        return cniver.CURRENT
-    return value if isinstance(value, str) and cniver.is_supported(value) else cniver.CURRENT
+    value = _input_version(stdin)
+    return value if value is not None and cniver.is_supported(value) else cniver.CURRENT
 
 
 def _error_json(err: CniError, cni_version: str) -> str:
