@@ -166,7 +166,7 @@ def config_version(config: Mapping[str, Any]) -> str:
     if not cniver.is_supported(value):
         raise CniError(
             INCOMPATIBLE_VERSION,
-            f"incompatible CNI versions: config is {value!r}, plugin supports {list(cniver.SUPPORTED)}",
+            f"incompatible CNI versions: config cniVersion {value!r} is not one of {list(cniver.SUPPORTED)}",
         )
     return value
 

@@ -203,8 +203,11 @@ def _parse_ip(d: Any) -> IPConfig:
         raise TypeError("each of 'ips' must be an object")
     address = _str(d, "address")
     if "/" not in address:
-        raise ValueError(f"'address' {address!r} must be in CIDR form, e.g. 198.51.100.2/24")
-    ipaddress.ip_interface(address)  # ValueError names the bad address
+        raise ValueError(f"'ips[].address' {address!r} must be in CIDR form, e.g. 198.51.100.2/24")
+    try:
+        ipaddress.ip_interface(address)
+    except ValueError as exc:
+        raise ValueError(f"'ips[].address' {address!r} is not an IP address with prefix") from exc
     gateway = _str(d, "gateway")
     if gateway:
         _check_ip(gateway, "ips[].gateway")
@@ -215,7 +218,10 @@ def _parse_route(d: Any) -> Route:
     if not isinstance(d, dict):
         raise TypeError("each of 'routes' must be an object")
     dst = _str(d, "dst")
-    ipaddress.ip_network(dst, strict=False)
+    try:
+        ipaddress.ip_network(dst, strict=False)
+    except ValueError as exc:
+        raise ValueError(f"'routes[].dst' {dst!r} is not a network in CIDR form") from exc
     gw = _str(d, "gw")
     if gw:
         _check_ip(gw, "routes[].gw")
