@@ -1,0 +1,118 @@
+"""A bond's IP addresses: snapshot, remove, add to another link, restore — in an order that round-trips.
+
+Ordering facts this module is built on (kernel ``__inet_insert_ifa`` / ``ipv6_link_dev_addr``):
+- IPv4 lists primaries first, then secondaries, each in insertion order; deleting a primary also
+  deletes its secondaries unless ``promote_secondaries`` is set (lab/vm FINDINGS Q3).
+- IPv6 puts a new address *before* existing ones of the same scope.
+So a snapshot is kept in **add order** (IPv4 in dump order, IPv6 reversed): adding in that order
+reproduces the dump, and removing in the reverse order never deletes or promotes a secondary behind
+our back and always leaves a prefix of the list — a crash between two deletions is repaired by
+re-adding whatever suffix is missing.
+
+Addresses moved: every IPv4 address, and the static (permanent) IPv6 ones of global scope; the
+link-local and SLAAC addresses belong to the bond's own MAC and stay.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Any
+
+from rdma_cni.net import rtnl
+from rdma_cni.net.rtnl import Record, attr
+
+IFA_F_SECONDARY = 0x01
+IFA_F_NODAD = 0x02
+IFA_F_DADFAILED = 0x08
+IFA_F_DEPRECATED = 0x20
+IFA_F_TENTATIVE = 0x40
+IFA_F_PERMANENT = 0x80
+_KERNEL_FLAGS = IFA_F_SECONDARY | IFA_F_DADFAILED | IFA_F_DEPRECATED | IFA_F_TENTATIVE | IFA_F_PERMANENT
+RT_SCOPE_LINK = 253
+
+
+def cidr(rec: Record) -> str:
+    return f"{attr(rec, 'IFA_ADDRESS')}/{rec['prefixlen']}"
+
+
+def ip_of(rec: Record) -> str:
+    return str(attr(rec, "IFA_LOCAL") or attr(rec, "IFA_ADDRESS"))
+
+
+def _flags(rec: Record) -> int:
+    return int(attr(rec, "IFA_FLAGS", rec.get("flags", 0)))
+
+
+def is_ipv6(rec: Record) -> bool:
+    return bool(rec["family"] == socket.AF_INET6)
+
+
+def _movable(rec: Record) -> bool:
+    if rec["family"] == socket.AF_INET:
+        return True
+    return rec["scope"] != RT_SCOPE_LINK and bool(_flags(rec) & IFA_F_PERMANENT)
+
+
+def snapshot(ipr: Any, index: int) -> list[Record]:
+    """The link's movable addresses, in add order (see module doc)."""
+    recs = [rtnl.record("addr", m) for m in ipr.addr("dump", index=index)]
+    recs = [r for r in recs if r["index"] == index and _movable(r)]
+    v4 = [r for r in recs if r["family"] == socket.AF_INET]
+    v6 = [r for r in recs if r["family"] == socket.AF_INET6]
+    return v4 + list(reversed(v6))
+
+
+def live_cidrs(ipr: Any, index: int) -> list[str]:
+    return [cidr(rtnl.record("addr", m)) for m in ipr.addr("dump", index=index) if m["index"] == index]
+
+
+def _for_link(rec: Record, index: int, label: str | None, extra_flags: int) -> Record:
+    flags = (_flags(rec) & ~_KERNEL_FLAGS) | extra_flags
+    out: Record = {k: v for k, v in rec.items() if k != "attrs"}
+    out["index"] = index
+    out["flags"] = flags & 0xFF
+    attrs = [a for a in rec["attrs"] if a[0] not in ("IFA_FLAGS", "IFA_LABEL")]
+    attrs.append(["IFA_FLAGS", flags])
+    if label and rec["family"] == socket.AF_INET:
+        attrs.append(["IFA_LABEL", label])
+    out["attrs"] = attrs
+    return out
+
+
+def remove(ipr: Any, index: int, addrs: list[Record]) -> None:
+    """Delete from the link in reverse add order (secondaries before their primary)."""
+    for rec in reversed(addrs):
+        rtnl.delete(ipr, "addr", _for_link(rec, index, None, 0))
+
+
+def pod_label(label: str, bond: str, pod_ifname: str) -> str:
+    """``bond0:1`` on the bond becomes ``<pod>:1`` in the pod (a label must start with its link name)."""
+    suffix = label[len(bond) :] if label.startswith(bond) else ""
+    candidate = pod_ifname + suffix
+    return candidate if len(candidate) <= 15 else pod_ifname
+
+
+def add_to_pod(ipr: Any, index: int, addrs: list[Record], bond: str, pod_ifname: str) -> None:
+    """Add in add order (primary first). IPv6 gets NODAD: the address was just in use on this node."""
+    for rec in addrs:
+        label = pod_label(str(attr(rec, "IFA_LABEL") or bond), bond, pod_ifname)
+        extra = IFA_F_NODAD if is_ipv6(rec) else 0
+        rtnl.create(ipr, "addr", _for_link(rec, index, label, extra))
+
+
+def restore(ipr: Any, index: int, addrs: list[Record]) -> int:
+    """Put back every recorded address that is missing, in add order; returns how many were added."""
+    present = set(live_cidrs(ipr, index))
+    added = 0
+    for rec in addrs:
+        if cidr(rec) in present:
+            continue
+        label = attr(rec, "IFA_LABEL")
+        if rtnl.create(ipr, "addr", _for_link(rec, index, str(label) if label else None, 0)):
+            added += 1
+    return added
+
+
+def network_of(rec: Record) -> str:
+    return str(ipaddress.ip_interface(f"{ip_of(rec)}/{rec['prefixlen']}").network)

@@ -1,0 +1,107 @@
+"""rtnetlink messages as plain, JSON-safe records, and replaying them exactly.
+
+Snapshots of a bond's addresses, routes and rules are stored in durable state as the kernel's own
+message (header fields + attributes), not as a re-interpretation: replaying that message restores
+the object with every attribute the kernel reported (metrics, multipath weights, protocol, scope,
+labels), which is what "the host is identical after DEL" needs.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+Record = dict[str, Any]
+
+NLM_F_REQUEST = 0x1
+NLM_F_ACK = 0x4
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+
+RTM_NEWADDR, RTM_DELADDR = 20, 21
+RTM_NEWROUTE, RTM_DELROUTE = 24, 25
+RTM_NEWRULE, RTM_DELRULE = 32, 33
+
+_HEADERS = {
+    "addr": ("family", "prefixlen", "flags", "scope", "index"),
+    "route": ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags"),
+    "rule": ("family", "dst_len", "src_len", "tos", "table", "action", "flags"),
+}
+_DROP = {"IFA_CACHEINFO", "RTA_CACHEINFO", "RTA_EXPIRES"}
+
+
+def plain(value: Any) -> Any:
+    """pyroute2 message objects -> lists/dicts/str/int (what json can store)."""
+    if type(value).__name__ == "nla_slot":
+        return [value[0], plain(value[1])]
+    if isinstance(value, list | tuple):
+        return [plain(x) for x in value]
+    if hasattr(value, "keys"):
+        return {k: plain(value[k]) for k in value.keys() if k != "header"}
+    return value
+
+
+def record(kind: str, msg: Any) -> Record:
+    out: Record = {k: msg[k] for k in _HEADERS[kind]}
+    out["attrs"] = [[s[0], plain(s[1])] for s in msg["attrs"] if s[0] not in _DROP]
+    return out
+
+
+def attr(rec: Record, name: str, default: Any = None) -> Any:
+    for key, value in rec.get("attrs", ()):
+        if key == name:
+            return value
+    return default
+
+
+def _message(kind: str, rec: Record) -> Any:
+    if kind == "addr":
+        from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg as cls
+    elif kind == "route":
+        from pyroute2.netlink.rtnl.rtmsg import rtmsg as cls
+    else:
+        from pyroute2.netlink.rtnl.fibmsg import fibmsg as cls
+    msg = cls()
+    for key in _HEADERS[kind]:
+        if key in rec:
+            msg[key] = rec[key]
+    msg["attrs"] = [list(a) for a in rec.get("attrs", ())]
+    return msg
+
+
+def send(ipr: Any, kind: str, rec: Record, msg_type: int, flags: int = 0) -> None:
+    """One request with ACK; netlink errors raise pyroute2's NetlinkError (``.code`` = errno)."""
+    ipr.nlm_request(_message(kind, rec), msg_type=msg_type, msg_flags=NLM_F_REQUEST | NLM_F_ACK | flags)
+
+
+def create(ipr: Any, kind: str, rec: Record) -> bool:
+    """Add the object; False when it already exists (restoring twice is not an error)."""
+    msg_type = {"addr": RTM_NEWADDR, "route": RTM_NEWROUTE, "rule": RTM_NEWRULE}[kind]
+    try:
+        send(ipr, kind, rec, msg_type, NLM_F_CREATE | NLM_F_EXCL)
+    except Exception as exc:
+        if error_code(exc) == errno.EEXIST:
+            return False
+        raise
+    return True
+
+
+def delete(ipr: Any, kind: str, rec: Record) -> bool:
+    """Delete the object; False when it was already gone."""
+    msg_type = {"addr": RTM_DELADDR, "route": RTM_DELROUTE, "rule": RTM_DELRULE}[kind]
+    try:
+        send(ipr, kind, rec, msg_type)
+    except Exception as exc:
+        if error_code(exc) in (errno.ESRCH, errno.ENOENT, errno.EADDRNOTAVAIL, errno.ENODEV):
+            return False
+        raise
+    return True
+
+
+def error_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "code", None)
+    if isinstance(code, int):
+        return code
+    if isinstance(exc, OSError):
+        return exc.errno
+    return None
