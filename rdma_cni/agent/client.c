@@ -1,0 +1,254 @@
+/*
+ * rdma-cni thin client in C: the CNI executable's first step when Python's own start-up (~15-20 ms)
+ * would cost more than the whole call in the warm agent. It speaks exactly the protocol documented
+ * in rdma_cni/agent/client.py (frames "RCN1" count size, items u32-BE length + bytes; SCM_RIGHTS with
+ * the caller's /proc/self/ns/{net,mnt}; READY 'R' / REFUSE 'N' / GO 'G'), and when the agent is
+ * absent, refuses, or breaks before GO, it execs the in-process implementation with the same stdin
+ * and environment (plus RDMA_CNI_AGENT=off so that one does not try the agent again).
+ *
+ * Plugin name: basename of argv[0] (rdma-macvlan, rdma-multus).
+ * Fallback program: $RDMA_CNI_FALLBACK, else "rdma-cni" beside this executable (the PyInstaller
+ * multicall bundle, which dispatches on argv[0], so it is exec'd with the same argv[0]).
+ *
+ * Build: cc -O2 -static -o rdma-cni-client client.c   (scripts/build-client does this)
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define DEFAULT_SOCKET "/run/rdma-cni/agent.sock"
+#define READY_TIMEOUT_MS 3000
+#define ANSWER_TIMEOUT_S 600
+#define MAX_FRAME (8u * 1024 * 1024)
+#define TRY_AGAIN_LATER 11
+
+extern char **environ;
+
+struct buf { unsigned char *p; size_t len, cap; };
+
+static void put(struct buf *b, const void *data, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n) cap *= 2;
+        unsigned char *p = realloc(b->p, cap);
+        if (!p) { perror("rdma-cni-client: realloc"); exit(5); }
+        b->p = p; b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+}
+
+static void put_u32(struct buf *b, uint32_t v) {
+    unsigned char x[4] = { v >> 24, v >> 16, v >> 8, v };
+    put(b, x, 4);
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static void put_item(struct buf *b, const void *data, size_t n) { put_u32(b, (uint32_t)n); put(b, data, n); }
+
+static int read_all(int fd, struct buf *b) {
+    unsigned char chunk[65536];
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n == 0) return 0;
+        if (n < 0) { if (errno == EINTR) continue; return -1; }
+        put(b, chunk, (size_t)n);
+        if (b->len > MAX_FRAME) return -1;
+    }
+}
+
+static int recv_exact(int fd, unsigned char *p, size_t n) {
+    while (n) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r == 0) return -1;
+        if (r < 0) { if (errno == EINTR) continue; return -1; }
+        p += r; n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int send_all(int fd, const unsigned char *p, size_t n) {
+    while (n) {
+        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        if (r < 0) { if (errno == EINTR) continue; return -1; }
+        p += r; n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void set_timeout(int fd, long ms) {
+    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* The frame plus the caller's namespaces in one sendmsg; the rest (if any) with send. */
+static int send_request(int fd, const struct buf *frame) {
+    int fds[2];
+    fds[0] = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    fds[1] = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (fds[0] < 0 || fds[1] < 0) return -1;
+    char control[CMSG_SPACE(sizeof fds)];
+    memset(control, 0, sizeof control);
+    struct iovec iov = { frame->p, frame->len };
+    struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                          .msg_controllen = sizeof control };
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(cm), fds, sizeof fds);
+    ssize_t sent;
+    do sent = sendmsg(fd, &msg, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
+    close(fds[0]);
+    close(fds[1]);
+    if (sent < 0) return -1;
+    return send_all(fd, frame->p + sent, frame->len - (size_t)sent);
+}
+
+/* Reads the answer frame: items code, stdout, stderr. Returns 0 and fills them, or -1. */
+static int recv_answer(int fd, int *code, struct buf *items) {
+    unsigned char head[12];
+    if (recv_exact(fd, head, 12) || memcmp(head, "RCN1", 4) || get_u32(head + 4) != 3) return -1;
+    uint32_t size = get_u32(head + 8);
+    if (size > MAX_FRAME) return -1;
+    items->p = malloc(size + 1);
+    items->len = size;
+    if (!items->p || recv_exact(fd, items->p, size)) return -1;
+    items->p[size] = 0;
+    uint32_t pos = 0;
+    for (int i = 0; i < 3; i++) {  /* validate the three lengths */
+        if (pos + 4 > size) return -1;
+        uint32_t n = get_u32(items->p + pos);
+        if (n > size - pos - 4) return -1;
+        pos += 4 + n;
+    }
+    if (pos != size) return -1;
+    char num[16] = {0};
+    uint32_t n0 = get_u32(items->p);
+    if (n0 == 0 || n0 >= sizeof num) return -1;
+    memcpy(num, items->p + 4, n0);
+    *code = atoi(num);
+    return 0;
+}
+
+static void write_item(int out, const unsigned char **pos) {
+    uint32_t n = get_u32(*pos);
+    const unsigned char *p = *pos + 4;
+    while (n) {
+        ssize_t w = write(out, p, n);
+        if (w < 0) { if (errno == EINTR) continue; break; }
+        p += w; n -= (size_t)w;
+    }
+    *pos += 4 + get_u32(*pos);
+}
+
+/* Runs the in-process implementation with the stdin we already consumed, via a memfd. */
+static void fall_back(char **argv, const struct buf *in) {
+    const char *prog = getenv("RDMA_CNI_FALLBACK");
+    char path[PATH_MAX];
+    if (!prog || !*prog) {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 16);
+        if (n <= 0) { perror("rdma-cni-client: /proc/self/exe"); exit(5); }
+        path[n] = 0;
+        char *slash = strrchr(path, '/');
+        strcpy(slash ? slash + 1 : path, "rdma-cni");
+        prog = path;
+    }
+    int mfd = memfd_create("rdma-cni-stdin", 0);
+    if (mfd < 0 || (in->len && write(mfd, in->p, in->len) != (ssize_t)in->len) ||
+        lseek(mfd, 0, SEEK_SET) < 0 || dup2(mfd, 0) < 0) {
+        perror("rdma-cni-client: stdin for the fallback");
+        exit(5);
+    }
+    close(mfd);
+    setenv("RDMA_CNI_AGENT", "off", 1);
+    execv(prog, argv);
+    fprintf(stderr, "rdma-cni-client: cannot run %s: %s\n", prog, strerror(errno));
+    exit(5);
+}
+
+/* The CNI config's cniVersion for the error JSON, or 1.0.0 (no JSON parser here: a plain scan). */
+static void config_version(const struct buf *in, char *out, size_t outlen) {
+    snprintf(out, outlen, "1.0.0");
+    const char *s = memmem(in->p ? (const char *)in->p : "", in->len, "\"cniVersion\"", 12);
+    if (!s) return;
+    s = memchr(s + 12, '"', in->len - (size_t)(s + 12 - (const char *)in->p));
+    if (!s) return;
+    const char *e = memchr(s + 1, '"', in->len - (size_t)(s + 1 - (const char *)in->p));
+    if (!e || (size_t)(e - s - 1) >= outlen || e - s - 1 == 0) return;
+    for (const char *c = s + 1; c < e; c++) if (!strchr("0123456789.", *c)) return;
+    memcpy(out, s + 1, (size_t)(e - s - 1));
+    out[e - s - 1] = 0;
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    const char *command = getenv("CNI_COMMAND");
+    const char *off = getenv("RDMA_CNI_AGENT");
+    struct buf in = {0};
+    if (!command || !*command || (off && !strcmp(off, "off"))) fall_back(argv, &in);
+    if (read_all(0, &in) < 0) fall_back(argv, &in);
+
+    const char *path = getenv("RDMA_CNI_AGENT_SOCKET");
+    if (!path || !*path) path = DEFAULT_SOCKET;
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof addr.sun_path) fall_back(argv, &in);
+    strcpy(addr.sun_path, path);
+
+    const char *name = strrchr(argv[0], '/');
+    name = name ? name + 1 : argv[0];
+    struct buf frame = {0}, body = {0};
+    size_t count = 2;
+    put_item(&body, name, strlen(name));
+    put_item(&body, in.p ? in.p : (unsigned char *)"", in.len);
+    for (char **e = environ; *e; e++, count++) put_item(&body, *e, strlen(*e));
+    put(&frame, "RCN1", 4);
+    put_u32(&frame, (uint32_t)count);
+    put_u32(&frame, (uint32_t)body.len);
+    put(&frame, body.p, body.len);
+
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) fall_back(argv, &in);
+    set_timeout(fd, READY_TIMEOUT_MS);
+    unsigned char reply = 0;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, &frame) ||
+        recv_exact(fd, &reply, 1) || reply != 'R' || send_all(fd, (const unsigned char *)"G", 1)) {
+        close(fd);
+        fall_back(argv, &in);
+    }
+    /* Committed: the agent may be running the call now. */
+    set_timeout(fd, ANSWER_TIMEOUT_S * 1000L);
+    int code = 0;
+    struct buf items = {0};
+    if (recv_answer(fd, &code, &items)) {
+        close(fd);
+        if (strcmp(command, "ADD")) fall_back(argv, &in);  /* DEL, CHECK, GC, STATUS, VERSION repeat safely */
+        char version[32];
+        config_version(&in, version, sizeof version);
+        printf("{\"cniVersion\":\"%s\",\"code\":%d,\"msg\":\"rdma-agent stopped answering during ADD; the "
+               "attachment's state is recorded, so DEL (or the agent's reconcile) restores the host; "
+               "retry the pod\"}\n", version, TRY_AGAIN_LATER);
+        return 1;
+    }
+    close(fd);
+    const unsigned char *pos = items.p + 4 + get_u32(items.p);
+    const unsigned char *err = pos + 4 + get_u32(pos);
+    write_item(2, &err);
+    write_item(1, &pos);
+    return code;
+}
