@@ -1,0 +1,108 @@
+"""kubeconfig YAML reading and the kubelet device checkpoint, on files shaped like the real ones."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from rdma_cni.cni.errors import STATE_CORRUPT, CniError
+from rdma_cni.kube import kubeconfig, yamlish
+from rdma_cni.kube.checkpoint import device_ids
+
+# What kubeadm writes for a node (values shortened), with comments and quoting variants added.
+KUBEADM_STYLE = """\
+apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority-data: {ca}
+    server: https://198.51.100.10:6443
+  name: kubernetes
+contexts:
+- context:
+    cluster: kubernetes
+    namespace: "kube-system"   # quoted scalar with a comment
+    user: 'system:node:h5'
+  name: system:node:h5@kubernetes
+current-context: system:node:h5@kubernetes
+kind: Config
+preferences: {{}}
+users:
+- name: system:node:h5
+  user:
+    client-certificate: pki/client.crt
+    client-key: pki/client.key
+"""
+
+
+def test_kubeadm_style_kubeconfig_resolves_relative_files(tmp_path: Path) -> None:
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "client.crt").write_bytes(b"CERT")
+    (tmp_path / "pki" / "client.key").write_bytes(b"KEY")
+    path = tmp_path / "kubelet.conf"
+    path.write_text(KUBEADM_STYLE.format(ca=base64.b64encode(b"CA-PEM").decode()))
+    cfg = kubeconfig.load(str(path))
+    assert cfg.server == "https://198.51.100.10:6443"
+    assert cfg.ca_data == b"CA-PEM"
+    assert (cfg.cert_data, cfg.key_data) == (b"CERT", b"KEY")
+    assert cfg.token == "" and not cfg.insecure
+
+
+def test_yamlish_agrees_with_a_full_yaml_parser() -> None:
+    yaml = pytest.importorskip("yaml")
+    text = KUBEADM_STYLE.format(ca="QUJD") + "extra:\n  - a\n  - 'b c'\n  - n: 1\n    m: true\nempty:\n"
+    assert yamlish.load(text) == yaml.safe_load(text)
+
+
+def test_yamlish_refuses_what_it_cannot_read_with_the_line() -> None:
+    with pytest.raises(yamlish.YamlError, match="line 2"):
+        yamlish.load("a:\n  b: |\n    text\n")
+
+
+def test_json_kubeconfig_is_accepted(tmp_path: Path) -> None:
+    doc = {
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "secret-abc"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+    }
+    path = tmp_path / "kc.json"
+    path.write_text(json.dumps(doc))
+    cfg = kubeconfig.load(str(path))  # the only context is used without current-context
+    assert cfg.insecure and cfg.bearer_token() == "secret-abc"
+    assert "secret-abc" not in repr(cfg)
+
+
+def write_checkpoint(root: Path, entries: list[dict[str, object]]) -> None:
+    path = root / "device-plugins" / "kubelet_internal_checkpoint"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {"r": ["0", "1"]}}, "Checksum": 1234}
+    path.write_text(json.dumps(doc))
+
+
+def test_checkpoint_numa_map_and_legacy_list_forms(tmp_path: Path) -> None:
+    res = "tke.cloud.tencent.com/tke-shared-rdma"
+    write_checkpoint(
+        tmp_path,
+        [
+            {"PodUID": "u1", "ContainerName": "a", "ResourceName": res, "DeviceIDs": {"1": ["2", "3"], "0": ["0"]},
+             "AllocResp": "CgA="},
+            {"PodUID": "u1", "ContainerName": "b", "ResourceName": res, "DeviceIDs": ["5"], "AllocResp": ""},
+            {"PodUID": "u1", "ContainerName": "a", "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"0": ["GPU-1"]}},
+            {"PodUID": "u2", "ContainerName": "a", "ResourceName": res, "DeviceIDs": {"0": ["7"]}},
+        ],
+    )  # fmt: skip
+    assert device_ids(str(tmp_path), "u1", res) == ["0", "2", "3", "5"]
+    assert device_ids(str(tmp_path), "u2", res) == ["7"]
+    assert device_ids(str(tmp_path), "u3", res) == []
+
+
+def test_checkpoint_absent_is_empty_and_corrupt_is_an_error(tmp_path: Path) -> None:
+    assert device_ids(str(tmp_path), "u1", "r") == []
+    path = tmp_path / "device-plugins" / "kubelet_internal_checkpoint"
+    path.parent.mkdir(parents=True)
+    path.write_text("{torn")
+    with pytest.raises(CniError) as exc:
+        device_ids(str(tmp_path), "u1", "r")
+    assert exc.value.code == STATE_CORRUPT and str(path) in exc.value.msg
