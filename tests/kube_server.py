@@ -155,6 +155,7 @@ class KubeServer:
 
     def kubeconfig(self, path: Path, auth: str = "token", inline: bool = True) -> Path:
         """Write a kubeconfig like kubeadm's: YAML, CA and client pair inline (``-data``) or as files."""
+
         def b64(p: Path) -> str:
             return base64.b64encode(p.read_bytes()).decode()
 
@@ -216,7 +217,9 @@ class KubeServer:
         else:
             httpd = _TlsServer(("127.0.0.1", 0), handler, ctx)
         self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -228,7 +231,9 @@ class KubeServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def _answer(self, path: str, headers: dict[str, str], peer_cert: dict[str, Any] | None) -> tuple[int, Any]:
+    def _answer(
+        self, path: str, headers: dict[str, str], peer_cert: dict[str, Any] | None
+    ) -> tuple[int, Any]:
         with self._lock:
             self.requests.append({"path": path, "authorization": "Authorization" in headers})
             scripted = self.fail_next.pop(0) if self.fail_next else None
@@ -258,7 +263,9 @@ def _status(code: int, message: str) -> dict[str, Any]:
 class _TlsServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], ctx: ssl.SSLContext) -> None:
+    def __init__(
+        self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], ctx: ssl.SSLContext
+    ) -> None:
         self.ctx = ctx
         super().__init__(addr, handler)
 
@@ -274,7 +281,7 @@ def _handler_for(server: KubeServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             assert isinstance(self.connection, ssl.SSLSocket)
             peer = self.connection.getpeercert() or None
             status, body = server._answer(self.path, dict(self.headers), peer)
@@ -285,7 +292,7 @@ def _handler_for(server: KubeServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
     return Handler

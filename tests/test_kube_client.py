@@ -39,9 +39,12 @@ def client_for(api: KubeServer, tmp_path: Path, auth: str, inline: bool = True, 
 
 
 @pytest.mark.parametrize(
-    ("auth", "inline"), [("token", True), ("tokenFile", True), ("cert", True), ("cert", False), ("token", False)]
+    ("auth", "inline"),
+    [("token", True), ("tokenFile", True), ("cert", True), ("cert", False), ("token", False)],
 )
-def test_get_pod_with_each_kind_of_credential(api: KubeServer, tmp_path: Path, auth: str, inline: bool) -> None:
+def test_get_pod_with_each_kind_of_credential(
+    api: KubeServer, tmp_path: Path, auth: str, inline: bool
+) -> None:
     pod = client_for(api, tmp_path, auth, inline).get_pod("default", "ibv-app-0")
     assert pod is not None
     assert pod.uid == "11111111-2222-3333-4444-555555555555"
@@ -78,7 +81,9 @@ def test_server_errors_give_up_after_the_attempts(api: KubeServer, tmp_path: Pat
     api.fail_next = [500] * 10
     with pytest.raises(CniError) as exc:
         client_for(api, tmp_path, "token", attempts=2, backoff=0.01).get_pod("default", "ibv-app-0")
-    assert exc.value.code == KUBE_API_FAILURE and "2 attempts" in exc.value.msg and "HTTP 500" in exc.value.msg
+    assert (
+        exc.value.code == KUBE_API_FAILURE and "2 attempts" in exc.value.msg and "HTTP 500" in exc.value.msg
+    )
     assert len(api.requests) == 2
 
 

@@ -63,7 +63,9 @@ def test_yamlish_refuses_what_it_cannot_read_with_the_line() -> None:
 
 def test_json_kubeconfig_is_accepted(tmp_path: Path) -> None:
     doc = {
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}],
+        "clusters": [
+            {"name": "c", "cluster": {"server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}}
+        ],
         "users": [{"name": "u", "user": {"token": "secret-abc"}}],
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
     }
@@ -83,16 +85,25 @@ def write_checkpoint(root: Path, entries: list[dict[str, object]]) -> None:
 
 def test_checkpoint_numa_map_and_legacy_list_forms(tmp_path: Path) -> None:
     res = "tke.cloud.tencent.com/tke-shared-rdma"
+
+    def entry(uid: str, ctr: str, resource: str, ids: object) -> dict[str, object]:
+        return {
+            "PodUID": uid,
+            "ContainerName": ctr,
+            "ResourceName": resource,
+            "DeviceIDs": ids,
+            "AllocResp": "",
+        }
+
     write_checkpoint(
         tmp_path,
         [
-            {"PodUID": "u1", "ContainerName": "a", "ResourceName": res, "DeviceIDs": {"1": ["2", "3"], "0": ["0"]},
-             "AllocResp": "CgA="},
-            {"PodUID": "u1", "ContainerName": "b", "ResourceName": res, "DeviceIDs": ["5"], "AllocResp": ""},
-            {"PodUID": "u1", "ContainerName": "a", "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"0": ["GPU-1"]}},
-            {"PodUID": "u2", "ContainerName": "a", "ResourceName": res, "DeviceIDs": {"0": ["7"]}},
+            entry("u1", "a", res, {"1": ["2", "3"], "0": ["0"]}),  # NUMA node -> IDs (kubelet >= 1.20)
+            entry("u1", "b", res, ["5"]),  # the older plain list
+            entry("u1", "a", "nvidia.com/gpu", {"0": ["GPU-1"]}),
+            entry("u2", "a", res, {"0": ["7"]}),
         ],
-    )  # fmt: skip
+    )
     assert device_ids(str(tmp_path), "u1", res) == ["0", "2", "3", "5"]
     assert device_ids(str(tmp_path), "u2", res) == ["7"]
     assert device_ids(str(tmp_path), "u3", res) == []
