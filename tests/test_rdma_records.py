@@ -1,0 +1,144 @@
+"""GID records: paths from validated IDs, atomic writes, permissions, host.json kept current."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rdma_cni.cni.errors import INVALID_ENV, CniError
+from rdma_cni.rdma import records, sysfs
+from rdma_cni.rdma.sysfs import GidEntry
+from rdma_cni.sim.tree import SimBond, build_tree, clear_slot, write_slot
+
+ENTRY = GidEntry("mlx5_bond_0", 1, 1, "::ffff:198.51.100.2", "RoCE v2", "bond0", "198.51.100.2")
+
+
+def mode_of(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_pod_record_content_and_permissions(tmp_path: Path) -> None:
+    run = str(tmp_path / "run")
+    path = records.write_pod_record(run, "abc123", "net1", ENTRY, uverbs="uverbs0")
+    assert path == os.path.join(run, "gid", "abc123", "net1.json")
+    data = json.loads(Path(path).read_text())
+    assert data == {
+        "containerId": "abc123",
+        "ifname": "net1",
+        "device": "mlx5_bond_0",
+        "port": 1,
+        "gidIndex": 1,
+        "gid": "::ffff:198.51.100.2",
+        "type": "RoCE v2",
+        "netdev": "bond0",
+        "ipv4": "198.51.100.2",
+        "uverbs": "/dev/infiniband/uverbs0",
+    }
+    assert mode_of(path) == 0o644
+    assert mode_of(os.path.dirname(path)) == 0o755
+    assert mode_of(os.path.join(run, "gid")) == 0o755
+    assert records.read_pod_record(run, "abc123", "net1") == data
+    assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("cid", ["../x", "..", "a/b", "", "-x", "x y"])
+def test_bad_container_ids_never_reach_the_filesystem(tmp_path: Path, cid: str) -> None:
+    with pytest.raises(CniError):
+        records.write_pod_record(str(tmp_path), cid, "net1", ENTRY)
+    with pytest.raises(CniError):
+        records.remove_pod_records(str(tmp_path), cid)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("ifname", ["../x", "a/b", "waytoolonginterface0", ".."])
+def test_bad_ifnames_are_refused(tmp_path: Path, ifname: str) -> None:
+    with pytest.raises(CniError) as e:
+        records.write_pod_record(str(tmp_path), "abc", ifname, ENTRY)
+    assert e.value.code == INVALID_ENV
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_remove_one_interface_then_all_and_repeat(tmp_path: Path) -> None:
+    run = str(tmp_path)
+    records.write_pod_record(run, "c1", "net1", ENTRY)
+    records.write_pod_record(run, "c1", "net2", ENTRY)
+    records.write_pod_record(run, "c2", "net1", ENTRY)
+    assert records.list_pod_records(run) == {"c1": ["net1", "net2"], "c2": ["net1"]}
+    assert records.remove_pod_records(run, "c1", "net1") == [os.path.join(run, "gid", "c1", "net1.json")]
+    assert records.list_pod_records(run) == {"c1": ["net2"], "c2": ["net1"]}
+    assert len(records.remove_pod_records(run, "c1")) == 1
+    assert not os.path.exists(os.path.join(run, "gid", "c1"))
+    assert records.remove_pod_records(run, "c1") == []  # idempotent
+    assert records.remove_pod_records(run, "c1", "net1") == []
+    assert records.list_pod_records(run) == {"c2": ["net1"]}
+
+
+def test_torn_record_reads_as_absent(tmp_path: Path) -> None:
+    path = records.write_pod_record(str(tmp_path), "c1", "net1", ENTRY)
+    Path(path).write_text('{"device": ')
+    assert records.read_pod_record(str(tmp_path), "c1", "net1") is None
+
+
+WRITER = """
+import sys
+from rdma_cni.rdma import records
+from rdma_cni.rdma.sysfs import GidEntry
+run, n = sys.argv[1], 0
+while True:
+    n += 1
+    e = GidEntry("mlx5_bond_0", 1, n % 1000, "::ffff:198.51.100.2", "RoCE v2", "bond0", "198.51.100.2")
+    records.write_pod_record(run, "c1", "net1", e)
+    if n == 1:
+        print("ready", flush=True)
+"""
+
+
+def test_record_is_never_torn_when_the_writer_is_killed(tmp_path: Path) -> None:
+    """kill -9 a process rewriting the record in a loop: the file is always whole JSON."""
+    run = str(tmp_path)
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, run], stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        data = records.read_pod_record(run, "c1", "net1")
+        assert data is not None and data["device"] == "mlx5_bond_0"
+
+
+def test_host_record_tracks_the_host_index_and_keeps_it_while_the_ip_is_in_a_pod(tmp_path: Path) -> None:
+    root = build_tree(
+        str(tmp_path / "sys"), [SimBond("bond0", "mlx5_bond_0"), SimBond("bond1", "mlx5_bond_1")], 16
+    )
+    run = str(tmp_path / "run")
+    gid0, gid1 = sysfs.gid_for_ip("198.51.100.2"), sysfs.gid_for_ip("198.51.100.18")
+    write_slot(root, "mlx5_bond_0", 1, 1, gid0, "bond0")
+    write_slot(root, "mlx5_bond_1", 1, 1, gid1, "bond1")
+    rec = records.update_host_record(run, root)
+    path = os.path.join(run, "gid", "host.json")
+    assert json.loads(Path(path).read_text()) == rec
+    assert mode_of(path) == 0o644
+    ports = {p["device"]: p for p in rec["ports"]}
+    assert (ports["mlx5_bond_0"]["gidIndex"], ports["mlx5_bond_0"]["ipv4"]) == (1, "198.51.100.2")
+    assert ports["mlx5_bond_0"]["present"] is True
+    assert ports["mlx5_bond_0"]["uverbs"] == "/dev/infiniband/uverbs0"
+    assert ports["mlx5_bond_1"]["gidIndex"] == 1
+    # The IP moves into a pod interface named net1: the host has no IPv4 GID, the index is kept.
+    clear_slot(root, "mlx5_bond_0", 1, 1)
+    write_slot(root, "mlx5_bond_0", 1, 1, gid0, "net1")
+    ports = {p["device"]: p for p in records.update_host_record(run, root)["ports"]}
+    assert ports["mlx5_bond_0"]["gidIndex"] == 1 and ports["mlx5_bond_0"]["present"] is False
+    assert ports["mlx5_bond_0"]["gids"] == []
+
+
+def test_host_record_without_any_ipv4_gid_has_no_index(tmp_path: Path) -> None:
+    root = build_tree(str(tmp_path / "sys"), [SimBond("bond0", "mlx5_bond_0")], 8)
+    rec = records.update_host_record(str(tmp_path / "run"), root)
+    assert rec["ports"][0]["gidIndex"] is None
