@@ -85,7 +85,7 @@ class Request:
 def validate_container_id(value: str) -> None:
     if not value:
         raise CniError(UNKNOWN_CONTAINER, "CNI_CONTAINERID is empty: the runtime must name the container")
-    if not CONTAINER_ID_RE.match(value):
+    if not CONTAINER_ID_RE.fullmatch(value):  # not match(): "$" also matches before a final "\n"
         raise CniError(
             INVALID_ENV,
             "CNI_CONTAINERID has invalid characters: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$",
@@ -97,7 +97,7 @@ def validate_network_name(value: str) -> None:
     """The spec's rule for a network name (libcni/skel ValidateNetworkName): plugins use it in paths."""
     if not value:
         raise CniError(INVALID_CONFIG, "config field 'name' is missing: name the network")
-    if not NETWORK_NAME_RE.match(value):
+    if not NETWORK_NAME_RE.fullmatch(value):
         raise CniError(
             INVALID_CONFIG,
             "config field 'name' has invalid characters: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$",
