@@ -161,7 +161,9 @@ def parse(data: Any, what: str = "prevResult") -> Result:
 
 
 def _list(data: dict[str, Any], key: str) -> list[Any]:
-    value = data.get(key) or []
+    value = data.get(key)
+    if value is None:
+        return []
     if not isinstance(value, list):
         raise TypeError(f"'{key}' must be a list")
     return value
