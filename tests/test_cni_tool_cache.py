@@ -46,8 +46,17 @@ def test_file_layout_matches_libcni(tmp_path: str) -> None:
     assert raw.startswith(b'{"kind":"cniCacheV1","containerId":"c1","config":"')
     assert b'"cniArgs":[["IgnoreUnknown","1"],["K8S_POD_NAME","p\\u003c1\\u003e\\u0026"]]' in raw
     keys = list(json.loads(raw))
-    assert keys == ["kind", "containerId", "config", "ifName", "networkName", "netns", "cniArgs",
-                    "capabilityArgs", "result"]
+    assert keys == [
+        "kind",
+        "containerId",
+        "config",
+        "ifName",
+        "networkName",
+        "netns",
+        "cniArgs",
+        "capabilityArgs",
+        "result",
+    ]
     data = json.loads(raw)
     assert base64.b64decode(data["config"]) == CONFIG
     assert data["result"] == RESULT

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import durable
-from rdma_cni.cni.errors import INVALID_CONFIG, STATE_CORRUPT, CniError
-from rdma_cni.cni.request import validate_container_id, validate_ifname
+from rdma_cni.cni.errors import STATE_CORRUPT, CniError
+from rdma_cni.cni.request import validate_container_id, validate_ifname, validate_network_name
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +40,9 @@ KIND = "cniCacheV1"
 DEFAULT_CACHE_DIR = "/var/lib/cni"
 RESULTS_SUBDIR = "results"
 
-# libcni's ValidateNetworkName: the same character rule as container IDs.
-NETWORK_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
-
 # Go's json encoder escapes these inside strings; doing the same keeps files byte-identical.
 _GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 _GO_ESCAPE_RE = re.compile("[<>&\u2028\u2029]")
-
-
-def validate_network_name(name: str) -> None:
-    """libcni's rule for network names (which become part of cache file names)."""
-    if not name:
-        raise CniError(INVALID_CONFIG, "network name is empty: set 'name' in the network config")
-    if not NETWORK_NAME_RE.match(name):
-        raise CniError(
-            INVALID_CONFIG,
-            f"network name {name!r} has invalid characters: it must match ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$",
-        )
 
 
 @dataclass
