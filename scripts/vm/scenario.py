@@ -1,0 +1,766 @@
+#!/usr/bin/env python3
+"""The real-kernel end-to-end scenario of rdma-cni; runs inside the vm-e2e guest.
+
+Started by ``scripts/vm-e2e scenario`` on Debian's stock kernel, as root, in a throw-away VM. It
+builds the product's node layout — active-backup bonds over veth "cables", a Soft-RoCE device per
+bond named like the product (``mlx5_bond_N``), addresses from 198.51.100.0/24 — and then:
+
+* ``kernel``: moves addresses with plain ``ip`` commands (no project code) and dumps the real GID
+  table after every step: the kernel facts the plugin relies on, and the trace a GID-table model
+  (``rdma_cni/sim``) is compared against.
+* ``plugin``: runs the real ``rdma-macvlan`` plugin through the CNI protocol for two pods on two
+  bonds: GID index in the pod equals the host's, RDMA traffic between the pods, DEL with the netns
+  alive and already deleted, secondary address, idempotent DEL.
+* ``exclusive``: the kernel in ``exclusive`` RDMA netns mode: ADD fails clearly and changes nothing.
+
+Every outcome is one JSON line in ``$VM_OUT/results.jsonl`` (``kind`` check/fact/skip; a check has
+``ok``, ``expected``, ``actual``); ``tests/test_vm_e2e.py`` asserts on them. The GID table is read
+here with plain ``open`` calls — an oracle independent of the project's own reader, which is
+cross-checked against it. Few processes are spawned: under TCG each costs ~0.25 s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+OUT = Path(os.environ.get("VM_OUT", "/tmp/vm-e2e-out"))
+STATE = Path("/run/vm-e2e")  # the plugin's dataDir/runDir inside the guest (tmpfs)
+SYS = "/sys"
+GID_SLOTS = 32  # slots scanned per table: rxe fills from 0, the scenario never uses more than a few
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+PINGPONG_PORT = 18515
+
+# bond -> (RDMA device, slaves, addresses primary first). bond0/bond1 are wired back to back by
+# the veth pairs a0-b0 and a1-b1, so pods on them can reach each other; bond2 (dummy slaves) is the
+# kernel section's own, so its experiments never disturb the plugin's bonds.
+BONDS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "bond0": ("mlx5_bond_0", ("a0", "a1"), ("198.51.100.10/24", "198.51.100.20/24")),
+    "bond1": ("mlx5_bond_1", ("b0", "b1"), ("198.51.100.11/24",)),
+    "bond2": ("mlx5_bond_2", ("d0", "d1"), ("198.51.100.30/24", "198.51.100.31/24")),
+}
+
+
+class CommandFailed(RuntimeError):
+    def __init__(self, argv: list[str], proc: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(
+            f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}"
+        )
+        self.proc = proc
+
+
+class Results:
+    """The JSON-lines report; also echoed readably to stdout (the guest log)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = path.open("w")
+        self.section = "setup"
+        self.failed = 0
+        self.t0 = time.monotonic()
+
+    def write(self, kind: str, name: str, **fields: Any) -> None:
+        rec = {
+            "kind": kind,
+            "section": self.section,
+            "name": name,
+            "t": round(time.monotonic() - self.t0, 2),
+            **fields,
+        }
+        self.file.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+        self.file.flush()
+
+    def check(self, name: str, expected: Any, actual: Any, detail: Any = None) -> bool:
+        ok = expected == actual
+        self.failed += not ok
+        self.write("check", name, ok=ok, expected=expected, actual=actual, detail=detail)
+        print(
+            f"{'PASS' if ok else 'FAIL'} [{self.section}] {name}: expected {expected!r}, got {actual!r}",
+            flush=True,
+        )
+        return ok
+
+    def fact(self, name: str, value: Any) -> None:
+        self.write("fact", name, value=value)
+        print(f"FACT [{self.section}] {name}: {json.dumps(value, default=str)[:400]}", flush=True)
+
+    def skip(self, name: str, reason: str) -> None:
+        self.write("skip", name, reason=reason)
+        print(f"SKIP [{self.section}] {name}: {reason}", flush=True)
+
+
+R = Results(OUT / "results.jsonl")
+
+
+# ------------------------------------------------------------------ processes
+
+
+def run(
+    argv: list[str],
+    *,
+    stdin: str | None = None,
+    timeout: float = 60,
+    ok: Iterable[int] = (0,),
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    print("$ " + shlex.join(argv), flush=True)
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode not in tuple(ok):
+        raise CommandFailed(argv, proc)
+    return proc
+
+
+def ip(lines: Iterable[str], netns: str | None = None) -> None:
+    """Several ``ip`` commands in one process (``ip -batch``): one spawn instead of one per line."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="", flush=True)
+    run(["ip", *(["-n", netns] if netns else []), "-batch", "-"], stdin=text)
+
+
+def retry(what: Callable[[], Any], seconds: float) -> Any:
+    """Netns teardown is asynchronous in the kernel: what depends on it is retried for a while."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return what()
+        except CommandFailed:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read().decode().strip()
+    except OSError:  # an empty GID slot's types/ndevs read as EINVAL
+        return None
+
+
+# ------------------------------------------------------------------ the kernel's view
+
+
+def gid_table(device: str, port: int = 1) -> list[dict[str, Any]]:
+    """The non-empty slots of a port's GID table, exactly as sysfs shows them."""
+    base = f"{SYS}/class/infiniband/{device}/ports/{port}"
+    table = []
+    for i in range(GID_SLOTS):
+        gid = read(f"{base}/gids/{i}")
+        if gid is None or gid == ZERO_GID:
+            continue
+        table.append(
+            {
+                "index": i,
+                "gid": gid,
+                "type": read(f"{base}/gid_attrs/types/{i}") or "",
+                "ndev": read(f"{base}/gid_attrs/ndevs/{i}") or "",
+            }
+        )
+    return table
+
+
+def mapped_gid(ipv4: str) -> str:
+    return ipaddress.IPv6Address(f"::ffff:{ipv4.split('/')[0]}").exploded
+
+
+def v2_entry(device: str, ipv4: str) -> dict[str, Any] | None:
+    """The RoCE v2 slot holding an IPv4 address's GID, found by value (rxe: 1, mlx5: 3)."""
+    gid = mapped_gid(ipv4)
+    return next((e for e in gid_table(device) if e["gid"] == gid and e["type"] == "RoCE v2"), None)
+
+
+def v2_index(device: str, ipv4: str) -> int | None:
+    entry = v2_entry(device, ipv4)
+    return None if entry is None else int(entry["index"])
+
+
+def tables() -> dict[str, list[dict[str, Any]]]:
+    return {dev: gid_table(dev) for dev, _, _ in BONDS.values()}
+
+
+def wait_for(what: Callable[[], bool], seconds: float) -> float | None:
+    """Seconds until ``what()`` held (polled every 10 ms), or None on timeout."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if what():
+            return round(time.monotonic() - t0, 3)
+        time.sleep(0.01)
+    return None
+
+
+def addresses(ifname: str, netns: str | None = None) -> list[str]:
+    """IPv4 addresses of a link, in the kernel's order; secondaries marked."""
+    argv = ["ip", *(["-n", netns] if netns else []), "-j", "-4", "addr", "show", "dev", ifname]
+    data = json.loads(run(argv).stdout or "[]")
+    return [
+        f"{a['local']}/{a['prefixlen']}" + (" secondary" if a.get("secondary") else "")
+        for link in data
+        for a in link.get("addr_info", [])
+    ]
+
+
+def host_snapshot() -> dict[str, Any]:
+    """What "the host as it was" means: every link, its master, its global addresses, GID tables."""
+    data = json.loads(run(["ip", "-j", "addr", "show"]).stdout)
+    links = {
+        link["ifname"]: {
+            "master": link.get("master"),
+            "addrs": [
+                f"{a['local']}/{a['prefixlen']}" + (" secondary" if a.get("secondary") else "")
+                for a in link.get("addr_info", [])
+                if a.get("scope") == "global"
+            ],
+        }
+        for link in data
+    }
+    return {"links": links, "gids": tables()}
+
+
+def pod_links(netns: str) -> list[str]:
+    return sorted(
+        link["ifname"] for link in json.loads(run(["ip", "-n", netns, "-j", "link", "show"]).stdout)
+    )
+
+
+def netns_mode() -> dict[str, Any]:
+    return {
+        "rdma_system": run(["rdma", "system", "show"]).stdout.strip(),
+        "ib_core.netns_mode": read(f"{SYS}/module/ib_core/parameters/netns_mode"),
+    }
+
+
+# ------------------------------------------------------------------ setup
+
+
+def build_node() -> None:
+    run(["modprobe", "bonding", "max_bonds=0"])  # else the module creates a bond0 of its own
+    run(["modprobe", "-a", "veth", "dummy", "macvlan", "rdma_rxe"])
+    lines = [
+        "link add a0 type veth peer name b0",
+        "link add a1 type veth peer name b1",
+        "link add d0 type dummy",
+        "link add d1 type dummy",
+    ]
+    for bond, (_dev, slaves, addrs) in BONDS.items():
+        lines.append(f"link add {bond} type bond mode active-backup miimon 100")
+        lines += [f"link set {s} master {bond}" for s in slaves]
+        lines += [f"addr add {a} dev {bond}" for a in addrs]
+        lines.append(f"link set {bond} up")
+    ip(lines)
+    batch = "".join(f"link add {dev} type rxe netdev {bond}\n" for bond, (dev, _, _) in BONDS.items())
+    run(["rdma", "-b", "-"], stdin=batch)
+    R.fact("kernel", os.uname().release)
+    R.fact("netns_mode", netns_mode())
+    R.fact("gid_tables_initial", tables())
+    for bond, (dev, _, addrs) in BONDS.items():
+        for a in addrs:
+            R.check(f"host {a} on {bond} has a RoCE v2 GID on {dev}", True, v2_index(dev, a) is not None)
+    R.check(
+        "rxe publishes the IPv4 RoCE v2 GID at index 1 (mlx5: 3)", 1, v2_index("mlx5_bond_0", "198.51.100.10")
+    )
+    cross_check_project_reader()
+
+
+def cross_check_project_reader() -> None:
+    """The project's sysfs reader must see the same GID tables as this independent one."""
+    if importlib.util.find_spec("rdma_cni.rdma.sysfs") is None:
+        R.skip("project GID reader matches sysfs", "rdma_cni/rdma/sysfs.py is not present")
+        return
+    from rdma_cni.rdma import sysfs as project
+
+    for bond, (dev, _, addrs) in BONDS.items():
+        port = project.port_for_netdev(SYS, bond)
+        R.check(f"project reader: RDMA port of {bond}", (dev, 1), port and (port.device, port.port))
+        theirs = [(e.index, e.raw, e.type) for e in project.read_gids(SYS, dev, 1) if e.index < GID_SLOTS]
+        ours = [(e["index"], e["gid"], e["type"]) for e in gid_table(dev)]
+        R.check(f"project reader: GID table of {dev}", ours, theirs)
+        for a in addrs:
+            ipv4 = a.split("/")[0]
+            R.check(
+                f"project reader: RoCE v2 index of {ipv4}",
+                v2_index(dev, a),
+                project.roce_v2_index(SYS, dev, 1, ipv4),
+            )
+
+
+# ------------------------------------------------------------------ section: kernel
+
+
+class Trace:
+    """Address moves done with plain ``ip`` and the GID table after each: the model's test data."""
+
+    def __init__(self, name: str, device: str) -> None:
+        self.name = name
+        self.device = device
+        self.steps: list[dict[str, Any]] = []
+
+    def step(self, label: str, lines: list[str], netns: str | None = None) -> list[dict[str, Any]]:
+        ip(lines, netns)
+        table = gid_table(self.device)
+        self.steps.append({"label": label, "netns": netns, "commands": lines, "table": table})
+        return table
+
+    def record(self) -> None:
+        R.fact(f"trace {self.name}", {"device": self.device, "steps": self.steps})
+
+
+def kernel_section() -> None:
+    """What the plugin's design rests on, seen on the real kernel with bond2/mlx5_bond_2."""
+    dev, (a30, a31) = "mlx5_bond_2", BONDS["bond2"][2]
+    host = {a: v2_index(dev, a) for a in (a30, a31)}
+
+    # ADD in the design's order: macvlan made in the pod, no IPv6 link-local, host addresses
+    # deleted (secondary first: deleting a primary deletes its secondaries), pod addresses added,
+    # then link up.
+    t = Trace("move-and-back", dev)
+    ip(["netns add k1"])
+    t.step("macvlan created in pod k1", ["link add link bond2 name h4tmp netns k1 type macvlan mode bridge"])
+    t.step(
+        "renamed, addrgenmode none", ["link set h4tmp name bond2", "link set bond2 addrgenmode none"], "k1"
+    )
+    t.step("host addresses deleted", [f"addr del {a31} dev bond2", f"addr del {a30} dev bond2"])
+    t.step("pod addresses added", [f"addr add {a30} dev bond2", f"addr add {a31} dev bond2"], "k1")
+    t.step("pod link up", ["link set bond2 up"], "k1")
+    for a in (a30, a31):
+        entry = v2_entry(dev, a)
+        R.check(f"moved {a}: pod GID index equals the host's", host[a], entry and entry["index"])
+        R.check(f"moved {a}: GID ndev is the pod-side name", "bond2", entry and entry["ndev"])
+    t.step("pod link deleted", ["link del bond2"], "k1")
+    t.step("host addresses back", [f"addr add {a30} dev bond2", f"addr add {a31} dev bond2"])
+    for a in (a30, a31):
+        R.check(f"DEL (pod link first): {a} back at the host's index", host[a], v2_index(dev, a))
+    t.record()
+
+    # Link up before the address arrives: the pod's IPv6 link-local takes the freed slot (V6).
+    v = Trace("link-up-before-address", dev)
+    ip(["netns add k2"])
+    v.step("macvlan created in pod k2", ["link add link bond2 name h4tmp netns k2 type macvlan mode bridge"])
+    v.step("host addresses deleted", [f"addr del {a31} dev bond2", f"addr del {a30} dev bond2"])
+    v.step("pod link up (IPv6 link-local on)", ["link set h4tmp up"], "k2")
+    wait_for(lambda: len(gid_table(dev)) > 1, 2.0)  # the link-local GID follows DAD-less address setup
+    v.step("pod addresses added", [f"addr add {a30} dev h4tmp", f"addr add {a31} dev h4tmp"], "k2")
+    R.fact(f"link-up-before-address: pod index of {a30} (host had {host[a30]})", v2_index(dev, a30))
+    v.step("pod link deleted", ["link del h4tmp"], "k2")
+    v.step("host addresses back", [f"addr add {a30} dev bond2", f"addr add {a31} dev bond2"])
+    v.record()
+
+    # The runtime deletes the netns before DEL: the macvlan and its addresses vanish with it.
+    g = Trace("netns-deleted-first", dev)
+    ip(["netns add k3"])
+    g.step("macvlan created in pod k3", ["link add link bond2 name h4tmp netns k3 type macvlan mode bridge"])
+    g.step("host addresses deleted", [f"addr del {a31} dev bond2", f"addr del {a30} dev bond2"])
+    g.step(
+        "pod addresses added, up",
+        [
+            "link set h4tmp addrgenmode none",
+            f"addr add {a30} dev h4tmp",
+            f"addr add {a31} dev h4tmp",
+            "link set h4tmp up",
+        ],
+        "k3",
+    )
+    ip(["netns del k3", "netns del k2", "netns del k1"])
+    gone = wait_for(lambda: v2_index(dev, a30) is None, 5.0)
+    R.fact("netns deleted: seconds until its GIDs left the table (asynchronous)", gone)
+    g.step("host addresses back", [f"addr add {a30} dev bond2", f"addr add {a31} dev bond2"])
+    for a in (a30, a31):
+        R.check(f"netns deleted first: {a} back at the host's index", host[a], v2_index(dev, a))
+    g.record()
+    R.check("bond2 addresses as before", [a30, a31 + " secondary"], addresses("bond2"))
+    compare_with_model([t, v, g])
+
+
+def compare_with_model(traces: list[Trace]) -> None:
+    """Replay each trace in the project's GID-table model and compare it with the real kernel."""
+    if importlib.util.find_spec("rdma_cni.sim") is None:
+        R.skip("model matches the real kernel", "rdma_cni/sim is not present")
+        return
+    replay = getattr(importlib.import_module("rdma_cni.sim"), "replay_ip_trace", None)
+    if replay is None:
+        R.skip(
+            "model matches the real kernel",
+            "rdma_cni.sim has no replay_ip_trace(initial_tables, steps) yet: the traces are "
+            "recorded above (fact 'trace ...') for when it does",
+        )
+        return
+    for t in traces:
+        modelled = replay(t.device, t.steps)
+        for step, table in zip(t.steps, modelled, strict=True):
+            R.check(f"model matches kernel: {t.name}: {step['label']}", step["table"], table)
+
+
+# ------------------------------------------------------------------ section: plugin
+
+
+def cni(
+    command: str,
+    pod: str,
+    bond: str,
+    *,
+    netns: str | None = None,
+    rdma: dict[str, Any] | None = None,
+    prev: dict[str, Any] | None = None,
+    ifname: str = "net1",
+) -> tuple[int, dict[str, Any] | None, str]:
+    """Call the real rdma-macvlan entry point as a runtime does (env + config on stdin)."""
+    conf: dict[str, Any] = {
+        "cniVersion": "1.1.0",
+        "name": "rdma-e2e",
+        "type": "rdma-macvlan",
+        "masters": [bond],
+        "sysfsRoot": SYS,
+        "rdma": {"required": True, **(rdma or {})},
+        "dataDir": str(STATE / "data"),
+        "runDir": str(STATE / "run"),
+        "logFile": str(OUT / "plugin.log"),
+        "logLevel": "debug",
+    }
+    if prev is not None:
+        conf["prevResult"] = prev
+    env = {
+        "PATH": os.environ["PATH"],
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": f"e2e-{pod}",
+        "CNI_NETNS": f"/run/netns/{pod}" if netns is None else netns,
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": "/usr/lib/cni:/opt/cni/bin",
+        "CNI_ARGS": f"IgnoreUnknown=true;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}",
+    }
+    t0 = time.monotonic()
+    proc = run(
+        [sys.executable, "-m", "rdma_cni.cli.macvlan"],
+        stdin=json.dumps(conf),
+        env=env,
+        timeout=180,
+        ok=range(256),
+    )
+    seconds = round(time.monotonic() - t0, 2)
+    try:
+        out = json.loads(proc.stdout) if proc.stdout.strip() else None
+    except json.JSONDecodeError:
+        out = {"unparsable stdout": proc.stdout}
+    R.fact(
+        f"{command} {pod}",
+        {"rc": proc.returncode, "seconds": seconds, "stdout": out, "stderr": proc.stderr[-2000:]},
+    )
+    return proc.returncode, out, proc.stderr
+
+
+def result_ips(result: dict[str, Any] | None) -> list[str]:
+    return sorted(i["address"] for i in (result or {}).get("ips", []))
+
+
+def pod_ifname(result: dict[str, Any] | None, pod: str) -> str | None:
+    for iface in (result or {}).get("interfaces", []):
+        if iface.get("sandbox") == f"/run/netns/{pod}":
+            return str(iface["name"])
+    return None
+
+
+def plugin_available() -> str | None:
+    """Why the plugin section cannot run, or None."""
+    if importlib.util.find_spec("rdma_cni.cli.macvlan") is None:
+        return "rdma_cni/cli/macvlan.py (H2's rdma-macvlan entry point) is not in this checkout"
+    return None
+
+
+def plugin_section() -> None:
+    missing = plugin_available()
+    if missing:
+        R.skip("plugin", missing)
+        return
+    before = host_snapshot()
+    host_idx = {a: v2_index(dev, a) for dev, _, addrs in (BONDS["bond0"], BONDS["bond1"]) for a in addrs}
+    pingpong_host()
+
+    ip(["netns add pod1", "netns add pod2"])
+    results: dict[str, dict[str, Any] | None] = {}
+    for pod, bond in (("pod1", "bond0"), ("pod2", "bond1")):
+        dev, _, addrs = BONDS[bond]
+        rc, res, _ = cni("ADD", pod, bond)
+        results[pod] = res
+        R.check(f"ADD {pod} on {bond}: exit code", 0, rc)
+        R.check(f"ADD {pod}: result lists the bond's addresses", sorted(addrs), result_ips(res))
+        ifname = pod_ifname(res, pod)
+        R.check(f"ADD {pod}: the pod interface is in the result", True, ifname is not None)
+        R.check(f"ADD {pod}: {bond} left without IPv4 addresses", [], addresses(bond))
+        if ifname:
+            R.check(
+                f"ADD {pod}: pod interface holds the addresses",
+                list(addrs)[:1] + [a + " secondary" for a in addrs[1:]],
+                addresses(ifname, pod),
+            )
+        for a in addrs:
+            entry = v2_entry(dev, a)
+            R.check(
+                f"ADD {pod}: RoCE v2 GID index of {a} in the pod equals the host's",
+                host_idx[a],
+                entry and entry["index"],
+            )
+            R.check(f"ADD {pod}: GID of {a} belongs to the pod interface", ifname, entry and entry["ndev"])
+        check_gid_record(pod, dev, addrs[0], host_idx[addrs[0]])
+    R.fact("gid_tables_with_pods", tables())
+
+    pingpong_pods(host_idx)
+
+    # DEL with the pod alive; then again (idempotent)
+    rc, _, _ = cni("DEL", "pod1", "bond0", prev=results["pod1"])
+    R.check("DEL pod1: exit code", 0, rc)
+    R.check(
+        "DEL pod1: bond0 has its addresses back, primary first",
+        ["198.51.100.10/24", "198.51.100.20/24 secondary"],
+        addresses("bond0"),
+    )
+    for a in BONDS["bond0"][2]:
+        R.check(f"DEL pod1: {a} back at the host's GID index", host_idx[a], v2_index("mlx5_bond_0", a))
+    R.check("DEL pod1: only lo left in the pod", ["lo"], pod_links("pod1"))
+    rc, _, _ = cni("DEL", "pod1", "bond0", prev=results["pod1"])
+    R.check("DEL pod1 again (idempotent): exit code", 0, rc)
+
+    # DEL after the runtime deleted the netns: the address left with it, the plugin's state has it
+    ip(["netns del pod2"])
+    R.fact(
+        "pod2 netns deleted: seconds until its GID left",
+        wait_for(lambda: v2_index("mlx5_bond_1", "198.51.100.11") is None, 5.0),
+    )
+    rc, _, _ = cni("DEL", "pod2", "bond1", prev=results["pod2"])
+    R.check("DEL pod2 after its netns was deleted: exit code", 0, rc)
+    R.check("DEL pod2: bond1 has its address back", ["198.51.100.11/24"], addresses("bond1"))
+    R.check(
+        "DEL pod2: 198.51.100.11 back at the host's GID index",
+        host_idx["198.51.100.11/24"],
+        v2_index("mlx5_bond_1", "198.51.100.11"),
+    )
+    ip(["netns del pod1"])
+    R.check("host as before the pods (links, addresses, GID tables)", before, host_snapshot())
+
+
+def check_gid_record(pod: str, dev: str, addr: str, index: int | None) -> None:
+    """The record other components read (DESIGN: runDir/gid/<containerID>/<ifname>.json)."""
+    path = STATE / "run" / "gid" / f"e2e-{pod}" / "net1.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        R.check(f"ADD {pod}: GID record {path} readable", True, False, str(e))
+        return
+    R.check(
+        f"ADD {pod}: GID record names device and index",
+        {"device": dev, "gidIndex": index},
+        {"device": record.get("device"), "gidIndex": record.get("gidIndex")},
+        record,
+    )
+
+
+# ------------------------------------------------------------------ RDMA traffic
+
+
+def counters(dev: str) -> dict[str, int]:
+    base = f"{SYS}/class/infiniband/{dev}/ports/1/hw_counters"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return {}
+    values = {n: read(f"{base}/{n}") for n in names}
+    return {n: int(v) for n, v in values.items() if v and v.isdigit() and int(v)}
+
+
+def listening(pid: int) -> bool:
+    """Is the pingpong server listening? Read in its own netns through /proc/<pid>/net."""
+    for name in ("tcp", "tcp6"):
+        text = read(f"/proc/{pid}/net/{name}") or ""
+        if any(f":{PINGPONG_PORT:04X} " in line and " 0A " in line for line in text.splitlines()):
+            return True
+    return False
+
+
+def pingpong(
+    label: str, server: tuple[str | None, str, int], client: tuple[str | None, str, int], server_ip: str
+) -> dict[str, Any]:
+    """ibv_rc_pingpong server/client pair; returns what happened, with the kernel's view of why."""
+
+    def argv(ns: str | None, dev: str, idx: int, limit: int) -> list[str]:
+        pre = ["ip", "netns", "exec", ns] if ns else []
+        return [
+            *pre,
+            "timeout",
+            str(limit),
+            "ibv_rc_pingpong",
+            "-d",
+            dev,
+            "-g",
+            str(idx),
+            "-n",
+            "5",
+            "-s",
+            "1024",
+        ]
+
+    before = {server[1]: counters(server[1]), client[1]: counters(client[1])}
+    print("$ " + shlex.join(argv(*server, 40)) + " &", flush=True)
+    srv = subprocess.Popen(argv(*server, 40), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: listening(srv.pid), 15)
+    cli = run([*argv(*client, 25), server_ip], ok=range(256), timeout=60)
+    if cli.returncode != 0:
+        time.sleep(1)
+        srv.terminate()  # `timeout` passes it on to the server
+    srv_out, _ = srv.communicate(timeout=60)
+    after = {dev: counters(dev) for dev in before}
+    outcome = {
+        "ok": cli.returncode == 0 and srv.returncode == 0,
+        "client_rc": cli.returncode,
+        "server_rc": srv.returncode,
+        "client": (cli.stdout + cli.stderr).strip().splitlines()[-6:],
+        "server": srv_out.strip().splitlines()[-6:],
+        "counters_delta": {
+            dev: {k: v - before[dev].get(k, 0) for k, v in after[dev].items() if v != before[dev].get(k, 0)}
+            for dev in after
+        },
+    }
+    R.fact(f"pingpong {label}", outcome)
+    return outcome
+
+
+def pingpong_host() -> None:
+    """Verbs work in the guest at all: mlx5_bond_0 to itself over the host's own IP."""
+    idx = v2_index("mlx5_bond_0", "198.51.100.10")
+    if idx is None:
+        R.check("host netns pingpong possible", True, False)
+        return
+    outcome = pingpong(
+        "host netns, mlx5_bond_0 -> itself",
+        (None, "mlx5_bond_0", idx),
+        (None, "mlx5_bond_0", idx),
+        "198.51.100.10",
+    )
+    R.check(f"ibv_rc_pingpong -g {idx} in the host netns (verbs work in this guest)", True, outcome["ok"])
+
+
+def pingpong_pods(host_idx: dict[str, int | None]) -> None:
+    """pod2 -> pod1 over the product's layout (one shared rxe per bond, the GID on a pod macvlan)."""
+    i1, i2 = host_idx["198.51.100.10/24"], host_idx["198.51.100.11/24"]
+    if i1 is None or i2 is None:
+        return
+    debug = "/sys/kernel/debug/dynamic_debug/control"
+    try:
+        Path(debug).write_text("module rdma_rxe +p\n")  # rxe says why it drops a packet only here
+    except OSError as e:
+        R.fact("rdma_rxe dynamic debug unavailable", str(e))
+    run(["dmesg", "-C"])
+    outcome = pingpong(
+        "pod2 -> pod1 (shared rxe per bond)",
+        ("pod1", "mlx5_bond_0", i1),
+        ("pod2", "mlx5_bond_1", i2),
+        "198.51.100.10",
+    )
+    log = run(["dmesg"]).stdout.splitlines()
+    try:
+        Path(debug).write_text("module rdma_rxe -p\n")
+    except OSError:
+        pass
+    noise = ("state = ", "state -> ", "max_wr", "sq_draining", "set active", "added ")
+    rxe = [line for line in log if "rxe" in line.lower() and not any(n in line for n in noise)]
+    reasons = [
+        line for line in rxe if any(k in line for k in ("no route", "unreachable", "not reachable", "err"))
+    ]
+    if outcome["ok"]:
+        R.fact("pod-to-pod RDMA", f"works on {os.uname().release}")
+        return
+    reason = (
+        reasons[0] if reasons else "no rdma_rxe message; counters: " + json.dumps(outcome["counters_delta"])
+    )
+    R.fact(
+        "LIMIT pod-to-pod RDMA over a shared Soft-RoCE device",
+        {
+            "kernel": os.uname().release,
+            "reason": reason.split("] ", 1)[-1],
+            "client": outcome["client"],
+            "kernel_log": rxe[-12:],
+        },
+    )
+
+
+# ------------------------------------------------------------------ section: exclusive
+
+
+def set_netns_mode(mode: str) -> None:
+    """Only possible while no other netns exists; a deleted netns lingers briefly, hence the retry."""
+    retry(lambda: run(["rdma", "system", "set", "netns", mode]), 10)
+
+
+def exclusive_section() -> None:
+    missing = plugin_available()
+    if missing:
+        R.skip("exclusive", missing)
+        return
+    set_netns_mode("exclusive")
+    R.fact("netns_mode after 'rdma system set netns exclusive'", netns_mode())
+    ip(["netns add pod3"])
+    try:
+        before = host_snapshot()
+        r = run(["rdma", "dev", "set", "mlx5_bond_0", "netns", "pod3"], ok=range(256))
+        R.fact(
+            "rxe moved to a netns by hand (exclusive mode)", {"rc": r.returncode, "stderr": r.stderr.strip()}
+        )
+        for label, rdma, must_say in (
+            ("config shared, kernel exclusive", {"netnsMode": "shared"}, "rdma system set netns shared"),
+            ("config exclusive, rxe cannot move", {"netnsMode": "exclusive"}, "mlx5_bond_0"),
+        ):
+            rc, out, _ = cni("ADD", "pod3", "bond0", rdma=rdma)
+            msg = (out or {}).get("msg", "") + " " + str((out or {}).get("details", ""))
+            R.check(f"exclusive mode, {label}: ADD fails", True, rc != 0, out)
+            R.check(
+                f"exclusive mode, {label}: error JSON has a code",
+                True,
+                isinstance((out or {}).get("code"), int),
+            )
+            R.check(f"exclusive mode, {label}: the message says {must_say!r}", True, must_say in msg, msg)
+            R.check(f"exclusive mode, {label}: host unchanged", before, host_snapshot())
+            R.check(f"exclusive mode, {label}: nothing left in the pod", ["lo"], pod_links("pod3"))
+            rc, _, _ = cni("DEL", "pod3", "bond0", rdma=rdma)
+            R.check(f"exclusive mode, {label}: DEL after the failed ADD succeeds", 0, rc)
+            R.check(f"exclusive mode, {label}: host unchanged after DEL", before, host_snapshot())
+    finally:
+        ip(["netns del pod3"])
+        set_netns_mode("shared")
+
+
+# ------------------------------------------------------------------ main
+
+
+def main() -> int:
+    STATE.mkdir(parents=True, exist_ok=True)
+    build_ok = True
+    for name, section in (
+        ("setup", build_node),
+        ("kernel", kernel_section),
+        ("plugin", plugin_section),
+        ("exclusive", exclusive_section),
+    ):
+        R.section = name
+        if not build_ok:
+            R.skip(name, "the node layout could not be built")
+            continue
+        t0 = time.monotonic()
+        try:
+            section()
+        except Exception as e:  # noqa: BLE001 - a crashed section is reported, the next one still runs
+            R.check("section ran to the end", None, f"{type(e).__name__}: {e}", traceback.format_exc())
+            build_ok = name != "setup"
+        R.fact("section seconds", round(time.monotonic() - t0, 1))
+    R.section = "summary"
+    R.fact("checks failed", R.failed)
+    return 1 if R.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
