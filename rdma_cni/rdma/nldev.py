@@ -278,7 +278,7 @@ class NldevSocket:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_RDMA)
         self.sock.settimeout(timeout)
         self.sock.bind((0, 0))
-        self._seq = itertools.count(int(time.time()) & 0x7FFFFFFF)
+        self._seq: Iterator[int] = itertools.count(int(time.time()) & 0x7FFFFFFF)
 
     def __enter__(self) -> NldevSocket:
         return self
