@@ -51,7 +51,7 @@ class PodView:
 
     def device_ids(self, resource: str) -> list[str]:
         uid = self.uid
-        if not uid:
+        if not uid and self._runtime_annotations is None:
             pod = self.pod()
             uid = pod.uid if pod else ""
         if not uid or not resource:
@@ -61,7 +61,19 @@ class PodView:
         return device_ids(self.cfg.kubelet_root_dir, uid, resource)
 
     def requested(self, resource: str) -> int:
-        pod = self.pod()
+        """The pod's requested count of ``resource``; 0 when unknown.
+
+        When the runtime handed us the annotations, the API is only asked for this count, and an
+        API that cannot answer must not fail a pod that would otherwise start: the delegate then
+        uses its own ``count``.
+        """
+        try:
+            pod = self.pod()
+        except CniError as err:
+            if self._runtime_annotations is None:
+                raise
+            log.warning("pod %s/%s: requested %s unknown: %s", self.namespace, self.name, resource, err.msg)
+            return 0
         return pod.requests.get(resource, 0) if pod else 0
 
     def pod(self) -> Pod | None:

@@ -1,0 +1,412 @@
+"""rdma-multus end to end: the real binary, real delegate plugins, real namespaces, a real TLS API.
+
+Everything runs inside a "node" netns made here (the plugin via ``ip netns exec``, the API server
+listening on the node's loopback); the "bond" is a veth end whose peer sits in a "switch" netns.
+Delegates are Debian's reference plugins: ``ptp`` + ``host-local`` stand in for ``tke-route-eni``
+and ``macvlan`` + ``host-local`` on the bond for ``tke-rdma-macvlan`` (wrapped by a script that
+records the stdin and env each delegate got, then execs the real plugin).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kube_server import KubeServer, Pki
+
+pytestmark = pytest.mark.netns
+
+REF = Path("/usr/lib/cni")
+RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
+ANNOTATION = "tke.cloud.tencent.com/networks"
+
+if os.geteuid() != 0 or not (REF / "ptp").exists():
+    pytest.skip("needs root and Debian's containernetworking-plugins", allow_module_level=True)
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, check=check, capture_output=True, text=True)
+
+
+def links(netns: str) -> set[str]:
+    out = json.loads(sh("ip", "-n", netns, "-j", "link", "show").stdout)
+    return {str(link["ifname"]) for link in out}
+
+
+def addrs(netns: str, ifname: str) -> list[str]:
+    out = json.loads(sh("ip", "-n", netns, "-j", "addr", "show", "dev", ifname).stdout)
+    return [f"{a['local']}/{a['prefixlen']}" for a in out[0]["addr_info"] if a["family"] == "inet"]
+
+
+def reachable(netns: str, ip: str) -> bool:
+    """A TCP SYN to a closed port answered by RST proves the path both ways (no ping installed here)."""
+    probe = (
+        "import socket, sys\n"
+        "s = socket.socket(); s.settimeout(3)\n"
+        "try:\n    s.connect((sys.argv[1], 9))\nexcept ConnectionRefusedError:\n    sys.exit(0)\n"
+        "except OSError:\n    sys.exit(1)\n"
+    )
+    return sh("ip", "netns", "exec", netns, sys.executable, "-c", probe, ip, check=False).returncode == 0
+
+
+@dataclass
+class Node:
+    """A node netns with bond0 (203.0.113.2/24) cabled to a switch netns, and rdma-multus's files."""
+
+    tag: str
+    root: Path
+    name: str = ""
+    switch: str = ""
+    pods: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name = f"h5-node-{self.tag}"
+        self.switch = f"h5-sw-{self.tag}"
+        self.conf_dir = self.root / "net.d"
+        self.bin_dir = self.root / "bin"
+        self.cache_dir = self.root / "cache"
+        self.kubelet = self.root / "kubelet"
+        self.ipam_dir = self.root / "ipam"
+        self.delegate_log = self.root / "delegates.log"
+
+    def up(self) -> None:
+        sh("ip", "netns", "add", self.name)
+        sh("ip", "netns", "add", self.switch)
+        sh("ip", "-n", self.name, "link", "set", "lo", "up")
+        sh("ip", "-n", self.name, "link", "add", "bond0", "type", "veth", "peer", "name", "bond0p",
+           "netns", self.switch)  # fmt: skip
+        sh("ip", "-n", self.name, "addr", "add", "203.0.113.2/24", "dev", "bond0")
+        sh("ip", "-n", self.name, "link", "set", "bond0", "up")
+        sh("ip", "-n", self.switch, "addr", "add", "203.0.113.1/24", "dev", "bond0p")
+        sh("ip", "-n", self.switch, "link", "set", "bond0p", "up")
+        for d in (self.conf_dir, self.bin_dir, self.cache_dir, self.kubelet, self.ipam_dir):
+            d.mkdir(parents=True)
+        for plugin in ("ptp", "host-local", "macvlan", "loopback"):
+            (self.bin_dir / plugin).symlink_to(REF / plugin)
+        self._wrapper("logged-macvlan", REF / "macvlan")
+        self.network("tke-route-eni", {"plugins": [{
+            "type": "ptp", "ipMasq": False,
+            "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
+                     "ranges": [[{"subnet": "198.51.100.0/26"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]})  # fmt: skip
+        self.network("tke-rdma-macvlan", {"plugins": [{
+            "type": "logged-macvlan", "master": "bond0", "mode": "bridge", "resourceName": RESOURCE,
+            "capabilities": {"mac": True},
+            "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
+                     "ranges": [[{"subnet": "203.0.113.0/24", "rangeStart": "203.0.113.64",
+                                  "rangeEnd": "203.0.113.95"}]]}}]})  # fmt: skip
+        self.network("h5-broken", {"plugins": [{
+            "type": "macvlan", "master": "no-such-bond",
+            "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
+                     "ranges": [[{"subnet": "203.0.113.0/24", "rangeStart": "203.0.113.100",
+                                  "rangeEnd": "203.0.113.110"}]]}}]})  # fmt: skip
+
+    def _wrapper(self, name: str, real: Path) -> None:
+        path = self.bin_dir / name
+        path.write_text(
+            "#!/bin/sh\n"
+            "input=$(cat)\n"
+            f'printf \'%s\\n\' "{{\\"cmd\\":\\"$CNI_COMMAND\\",\\"ifname\\":\\"$CNI_IFNAME\\",'
+            f'\\"args\\":\\"$CNI_ARGS\\",\\"stdin\\":$input}}" >> {self.delegate_log}\n'
+            f"printf '%s' \"$input\" | exec {real}\n"
+        )
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+    def delegate_calls(self) -> list[dict[str, Any]]:
+        if not self.delegate_log.exists():
+            return []
+        return [json.loads(line) for line in self.delegate_log.read_text().splitlines()]
+
+    def network(self, name: str, body: dict[str, Any], version: str = "1.0.0") -> None:
+        (self.conf_dir / f"{name}.conflist").write_text(
+            json.dumps({"cniVersion": version, "name": name, **body})
+        )
+
+    def pod_netns(self) -> str:
+        name = f"h5-pod-{self.tag}-{len(self.pods)}"
+        sh("ip", "netns", "add", name)
+        self.pods.append(name)
+        return name
+
+    def config(self, kubeconfig: Path | None, version: str = "1.0.0", **extra: Any) -> dict[str, Any]:
+        return {
+            "cniVersion": version,
+            "name": "tke-multus",
+            "type": "rdma-multus",
+            "kubeconfig": str(kubeconfig) if kubeconfig else "",
+            "confDir": str(self.conf_dir),
+            "defaultDelegates": "tke-route-eni",
+            "binDirs": [str(self.bin_dir)],
+            "cacheDir": str(self.cache_dir),
+            "kubeletRootDir": str(self.kubelet),
+            "apiTimeoutSeconds": 3,
+            "apiAttempts": 2,
+            "logFile": str(self.root / "multus.log"),
+            **extra,
+        }
+
+    def run(
+        self, command: str, conf: dict[str, Any], container: str, netns: str | None,
+        pod: str = "ibv-app-0", uid: str = "", ifname: str = "eth0",
+    ) -> tuple[int, Any]:  # fmt: skip
+        args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={container}"
+        if uid:
+            args += f";K8S_POD_UID={uid}"
+        env = {
+            "PATH": os.environ["PATH"],
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": container,
+            "CNI_NETNS": f"/var/run/netns/{netns}" if netns else "",
+            "CNI_IFNAME": ifname,
+            "CNI_ARGS": args,
+            "CNI_PATH": str(self.bin_dir),
+        }
+        proc = subprocess.run(
+            ["ip", "netns", "exec", self.name, sys.executable, "-m", "rdma_cni.cli.multus"],
+            input=json.dumps(conf), env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        out = json.loads(proc.stdout) if proc.stdout.strip() else None
+        return proc.returncode, out
+
+    def checkpoint(self, uid: str, ids: list[str]) -> None:
+        path = self.kubelet / "device-plugins" / "kubelet_internal_checkpoint"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"PodUID": uid, "ContainerName": "ibv-app-ctr", "ResourceName": RESOURCE,
+                 "DeviceIDs": {"0": ids}, "AllocResp": ""}  # fmt: skip
+        path.write_text(
+            json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {}}, "Checksum": 1})
+        )
+
+    def leftovers(self) -> dict[str, Any]:
+        """Everything rdma-multus or a delegate might leave behind on the node."""
+        ipam = sorted(
+            str(p.relative_to(self.ipam_dir)) for p in self.ipam_dir.rglob("*")
+            if p.is_file() and p.name[0].isdigit()
+        )  # fmt: skip
+        cached = sorted(str(p.relative_to(self.cache_dir)) for p in self.cache_dir.rglob("*") if p.is_file())
+        return {"node_links": links(self.name), "ipam": ipam, "cache": cached}
+
+    def down(self) -> None:
+        for ns in [*self.pods, self.name, self.switch]:
+            sh("ip", "netns", "del", ns, check=False)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("h5-pki"))
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tag=f"{os.getpid()}-{uuid.uuid4().hex[:6]}", root=tmp_path)
+    try:
+        n.up()
+        yield n
+    finally:
+        n.down()
+
+
+@pytest.fixture
+def api(node: Node, pki: Pki) -> Iterator[KubeServer]:
+    server = KubeServer(pki, netns=node.name)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+CLEAN_NODE = {"node_links": {"lo", "bond0"}, "ipam": [], "cache": []}
+
+
+def test_tke_pod_gets_eth0_from_default_and_net1_from_the_rdma_network(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    uid = str(uuid.uuid4())
+    api.add_pod("default", "ibv-app-0", uid=uid, annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"},
+                limits={RESOURCE: "2"})  # fmt: skip
+    node.checkpoint(uid, ["0", "1"])
+    conf = node.config(api.kubeconfig(tmp_path / "kc", auth="cert"))
+    pod = node.pod_netns()
+
+    code, result = node.run("ADD", conf, "c1", pod, uid=uid)
+    assert code == 0, result
+    assert [i["name"] for i in result["interfaces"] if i.get("sandbox")] == ["eth0", "net1"]
+    assert addrs(pod, "eth0")[0].startswith("198.51.100.") and addrs(pod, "net1") == ["203.0.113.64/24"]
+    result_ips = {ip["address"] for ip in result["ips"]}
+    assert result_ips == {addrs(pod, "eth0")[0], "203.0.113.64/24"}
+    assert reachable(pod, "203.0.113.1")
+
+    (add,) = [c for c in node.delegate_calls() if c["cmd"] == "ADD"]
+    assert add["ifname"] == "net1"
+    assert add["stdin"]["runtimeConfig"]["deviceIDs"] == ["0", "1"]
+    assert add["stdin"]["deviceID"] == "0" and add["stdin"]["count"] == 2
+    assert f"K8S_POD_UID={uid}" in add["args"]
+
+    code, out = node.run("CHECK", {**conf, "prevResult": result}, "c1", pod, uid=uid)
+    assert code == 0, out
+
+    code, out = node.run("DEL", conf, "c1", pod, uid=uid)
+    assert code == 0, out
+    assert links(pod) == {"lo"}
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_failing_second_delegate_leaves_nothing_behind(node: Node, api: KubeServer, tmp_path: Path) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,h5-broken"})
+    pod = node.pod_netns()
+    code, err = node.run("ADD", node.config(api.kubeconfig(tmp_path / "kc")), "c1", pod)
+    assert code != 0
+    assert "h5-broken" in err["msg"] and "net1" in err["msg"]
+    assert links(pod) == {"lo"}
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_del_after_the_api_server_is_gone_and_the_netns_too(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    assert links(pod) == {"lo", "eth0", "net1"}
+    api.stop()
+    sh("ip", "netns", "del", pod)
+    # containerd's second DEL (RemovePodSandbox): empty CNI_NETNS, no prevResult, no API server.
+    code, out = node.run("DEL", conf, "c1", None)
+    assert code == 0, out
+    assert node.leftovers() == CLEAN_NODE
+    code, out = node.run("DEL", conf, "c1", None)  # and again: idempotent
+    assert code == 0, out
+
+
+def test_del_with_the_netns_alive_and_no_api_removes_the_interfaces(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan@rdma0"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    assert links(pod) == {"lo", "eth0", "rdma0"}
+    api.stop()
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"}
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_containerd_annotations_in_runtime_config_skip_the_api(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    conf["runtimeConfig"] = {
+        "io.kubernetes.cri.pod-annotations": {ANNOTATION: "tke-route-eni,tke-rdma-macvlan"}
+    }
+    pod = node.pod_netns()
+    node.checkpoint("uid-1", ["3"])
+    code, result = node.run("ADD", conf, "c1", pod, pod="not-in-the-api", uid="uid-1")
+    assert code == 0, result
+    assert links(pod) == {"lo", "eth0", "net1"}
+    assert api.requests == []
+    (add,) = [c for c in node.delegate_calls() if c["cmd"] == "ADD"]
+    assert add["stdin"]["runtimeConfig"]["deviceIDs"] == ["3"]
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_pod_without_annotation_gets_only_the_default_network(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0")
+    conf = node.config(api.kubeconfig(tmp_path / "kc", auth="tokenFile"), version="0.4.0")
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    assert result["cniVersion"] == "0.4.0" and result["ips"][0]["version"] == "4"
+    assert links(pod) == {"lo", "eth0"}
+    assert node.run("DEL", conf, "c1", pod)[0] == 0
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_recreated_pod_with_another_uid_is_refused_before_anything_runs(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", uid="new-uid", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    pod = node.pod_netns()
+    code, err = node.run("ADD", node.config(api.kubeconfig(tmp_path / "kc")), "c1", pod, uid="old-uid")
+    assert code != 0 and err["code"] == 106 and "recreated" in err["msg"]
+    assert links(pod) == {"lo"}
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_api_server_down_at_add_is_a_clear_error(node: Node, api: KubeServer, tmp_path: Path) -> None:
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    api.stop()
+    pod = node.pod_netns()
+    code, err = node.run("ADD", conf, "c1", pod)
+    assert code != 0 and err["code"] == 106 and "unreachable" in err["msg"]
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_check_notices_a_lost_address_on_the_rdma_interface(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    sh("ip", "-n", pod, "addr", "flush", "dev", "net1")
+    code, err = node.run("CHECK", {**conf, "prevResult": result}, "c1", pod)
+    assert code != 0 and "203.0.113.64" in err["msg"] and "net1" in err["msg"]
+    assert node.run("DEL", conf, "c1", pod)[0] == 0
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_gc_removes_attachments_the_runtime_no_longer_knows(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"), version="1.1.0")
+    pods = [node.pod_netns(), node.pod_netns()]
+    for i, pod in enumerate(pods):
+        code, result = node.run("ADD", conf, f"c{i}", pod)
+        assert code == 0, result
+    gc = {**conf, "cni.dev/valid-attachments": [{"containerID": "c0", "ifname": "eth0"}]}
+    code, out = node.run("GC", gc, "", None, ifname="")
+    assert code == 0, out
+    assert links(pods[0]) == {"lo", "eth0", "net1"}
+    assert links(pods[1]) == {"lo"}
+    assert node.run("DEL", conf, "c0", pods[0])[0] == 0
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_missing_delegate_binary_fails_before_anything_runs(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    node.network("h5-ghost", {"plugins": [{"type": "no-such-plugin"}]})
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-ghost"})
+    pod = node.pod_netns()
+    code, err = node.run("ADD", node.config(api.kubeconfig(tmp_path / "kc")), "c1", pod)
+    assert code != 0 and err["code"] == 7 and "no-such-plugin" in err["msg"]
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
+
+
+def test_version_and_help_need_no_config() -> None:
+    proc = subprocess.run([sys.executable, "-m", "rdma_cni.cli.multus"], env={**os.environ, "CNI_COMMAND": "VERSION"},
+                          input="", capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
+    assert shutil.which("ip") is not None
