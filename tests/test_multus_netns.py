@@ -98,7 +98,8 @@ class Node:
         self.network("tke-route-eni", {"plugins": [{
             "type": "ptp", "ipMasq": False,
             "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
-                     "ranges": [[{"subnet": "198.51.100.0/26"}]], "routes": [{"dst": "0.0.0.0/0"}]}}]})  # fmt: skip
+                     "ranges": [[{"subnet": "198.51.100.0/26"}]],
+                     "routes": [{"dst": "0.0.0.0/0"}]}}]})  # fmt: skip
         self.network("tke-rdma-macvlan", {"plugins": [{
             "type": "logged-macvlan", "master": "bond0", "mode": "bridge", "resourceName": RESOURCE,
             "capabilities": {"mac": True},
@@ -159,7 +160,8 @@ class Node:
         self, command: str, conf: dict[str, Any], container: str, netns: str | None,
         pod: str = "ibv-app-0", uid: str = "", ifname: str = "eth0",
     ) -> tuple[int, Any]:  # fmt: skip
-        args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={container}"
+        args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}"
+        args += f";K8S_POD_INFRA_CONTAINER_ID={container}"
         if uid:
             args += f";K8S_POD_UID={uid}"
         env = {
@@ -406,7 +408,8 @@ def test_missing_delegate_binary_fails_before_anything_runs(
 
 
 def test_version_and_help_need_no_config() -> None:
-    proc = subprocess.run([sys.executable, "-m", "rdma_cni.cli.multus"], env={**os.environ, "CNI_COMMAND": "VERSION"},
-                          input="", capture_output=True, text=True)  # fmt: skip
+    env = {**os.environ, "CNI_COMMAND": "VERSION"}
+    cmd = [sys.executable, "-m", "rdma_cni.cli.multus"]
+    proc = subprocess.run(cmd, env=env, input="", capture_output=True, text=True)
     assert proc.returncode == 0 and "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
     assert shutil.which("ip") is not None
