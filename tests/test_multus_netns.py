@@ -413,3 +413,96 @@ def test_version_and_help_need_no_config() -> None:
     proc = subprocess.run(cmd, env=env, input="", capture_output=True, text=True)
     assert proc.returncode == 0 and "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
     assert shutil.which("ip") is not None
+
+
+def test_kill_9_between_delegates_then_del_restores_everything(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    """The plan is on disk before the first delegate runs, so a crash mid-ADD is undone by DEL."""
+    marker = tmp_path / "second-delegate-started"
+    hang = node.bin_dir / "hanging-macvlan"
+    hang.write_text(f"#!/bin/sh\necho $$ > {marker}.tmp && mv {marker}.tmp {marker}\nexec sleep 60\n")
+    hang.chmod(0o755)
+    node.network("h5-hang", {"plugins": [{"type": "hanging-macvlan", "master": "bond0"}]})
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-hang"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    env = {
+        "PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": f"/var/run/netns/{pod}", "CNI_IFNAME": "eth0", "CNI_PATH": str(node.bin_dir),
+        "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=ibv-app-0",
+    }  # fmt: skip
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", node.name, sys.executable, "-m", "rdma_cni.cli.multus"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(conf).encode())
+    proc.stdin.close()
+    try:
+        for _ in range(600):
+            if marker.exists() or proc.poll() is not None:
+                break
+            subprocess.run(["sleep", "0.05"], check=True)
+        assert marker.exists(), proc.stderr.read() if proc.stderr else ""
+        os.kill(proc.pid, 9)  # `ip netns exec` execs in place: this pid is rdma-multus itself
+        proc.wait(timeout=10)
+    finally:
+        if marker.exists():
+            os.kill(int(marker.read_text()), 9)  # the orphaned delegate we started
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+    assert links(pod) == {"lo", "eth0"}  # the default network was added, then we died
+
+    # The hanging delegate is replaced by one that works, as after a fix; DEL must finish the job.
+    hang.unlink()
+    hang.symlink_to(REF / "macvlan")
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"}
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_json_annotation_sets_interface_name_mac_and_cni_args(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    text = json.dumps(
+        [
+            {
+                "name": "tke-rdma-macvlan",
+                "interface": "rdma7",
+                "mac": "02:00:00:00:00:42",
+                "cni-args": {"k": "v"},
+            }
+        ]
+    )
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: text})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    link = json.loads(sh("ip", "-n", pod, "-j", "link", "show", "rdma7").stdout)[0]
+    assert link["address"] == "02:00:00:00:00:42"  # via runtimeConfig.mac: the plugin declares it
+    (add,) = [c for c in node.delegate_calls() if c["cmd"] == "ADD"]
+    assert add["stdin"]["args"] == {"cni": {"k": "v"}} and "MAC=02:00:00:00:00:42" in add["args"]
+    assert "deviceIDs" not in add["stdin"].get("runtimeConfig", {})  # no checkpoint, no count: nothing
+    assert node.run("DEL", conf, "c1", pod)[0] == 0
+    assert node.leftovers() == CLEAN_NODE
+
+
+def test_runtime_annotations_and_an_unreachable_api_still_start_the_pod(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    conf["runtimeConfig"] = {"io.kubernetes.cri.pod-annotations": {ANNOTATION: "tke-rdma-macvlan"}}
+    api.stop()
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod, uid="no-checkpoint-entry")
+    assert code == 0, result  # the device count is unknown, so the delegate uses its own default
+    assert links(pod) == {"lo", "eth0", "net1"}
+    assert node.run("DEL", conf, "c1", pod)[0] == 0
+    assert node.leftovers() == CLEAN_NODE
