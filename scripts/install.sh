@@ -88,7 +88,7 @@ META="$CONF/00-rdma-multus.conflist"
 
 # rename(2) over the target: readers see the old file or the new one.
 replace() { # replace SRC_TMP DEST
-    mv -f "$1" "$2"
+    mv -fT "$1" "$2"  # -T: never move INTO a dir that DEST (a link to one) names
     sync "$2" 2>/dev/null || true
 }
 

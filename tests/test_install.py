@@ -1,0 +1,296 @@
+"""The shipped artifact: scripts/build's onedir bundle and scripts/install.sh.
+
+The bundle is built once per test session (PyInstaller, ~10-60 s) and installed into temporary
+directories; every check runs the installed binaries with no Python reachable (PATH holds only `ip`),
+so a node without Python is what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NAMES = ("rdma-macvlan", "rdma-multus", "cni-tool")
+PREFIX = "h6-"
+
+
+def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, **kw)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """dist/rdma-cni as scripts/build makes it, built into a temp dir (never the repo's dist/)."""
+    out = tmp_path_factory.mktemp("h6-dist")
+    proc = _run([str(REPO / "scripts" / "build"), "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "rdma-cni"
+
+
+def no_python_path(base: Path) -> str:
+    """A PATH with `ip` and nothing else: the plugins must not need an interpreter."""
+    d = base / "path"
+    d.mkdir(exist_ok=True)
+    for tool in ("ip",):
+        found = shutil.which(tool)
+        if found and not (d / tool).exists():
+            (d / tool).symlink_to(found)
+    assert shutil.which("python3", path=str(d)) is None and shutil.which("python", path=str(d)) is None
+    return str(d)
+
+
+def bare_env(base: Path, **extra: str) -> dict[str, str]:
+    return {"PATH": no_python_path(base), **extra}
+
+
+def install(bundle: Path, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [str(bundle / "install.sh"), "--bundle", str(bundle), "--host-root", str(root), *args]
+    return _run(cmd)
+
+
+def _tree(root: Path) -> dict[str, tuple[str, str]]:
+    """Everything install.sh put under root: path -> (kind, link target or content hash)."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = ("link", os.readlink(p))
+        elif p.is_file():
+            out[rel] = ("file", f"{p.stat().st_mtime_ns}:{p.stat().st_size}")
+        else:
+            out[rel] = ("dir", "")
+    return out
+
+
+def test_bundle_is_onedir_with_the_three_names(bundle: Path) -> None:
+    exe = bundle / "rdma-cni"
+    assert exe.is_file() and os.access(exe, os.X_OK)
+    assert (bundle / "_internal").is_dir(), "not onedir"
+    for name in NAMES:
+        assert os.readlink(bundle / name) == "rdma-cni"
+    assert (bundle / "install.sh").is_file() and (bundle / "conf" / "vpc-cni").is_dir()
+    # Stripped: no debug sections in the interpreter library (onefile's extraction cost came from them).
+    libpython = next((bundle / "_internal").glob("libpython3*.so*"))
+    sections = _run(["readelf", "-S", str(libpython)]).stdout
+    assert ".debug_info" not in sections
+
+
+def test_bundle_refuses_an_unknown_name_clearly(bundle: Path, tmp_path: Path) -> None:
+    (tmp_path / "rdma-whatever").symlink_to(bundle / "rdma-cni")
+    proc = _run([str(tmp_path / "rdma-whatever")], env=bare_env(tmp_path))
+    assert proc.returncode == 2
+    assert "rdma-macvlan" in proc.stderr and proc.stdout == ""
+
+
+def test_install_layout_configs_and_node_paths(bundle: Path, tmp_path: Path) -> None:
+    proc = install(bundle, tmp_path, "--mode", "vpc-cni", "--conf-dir", "/etc/cni/net.d")
+    assert proc.returncode == 0, proc.stderr
+    build_id = (bundle / "BUILD_ID").read_text().strip()
+    bin_dir = tmp_path / "opt/cni/bin"
+    assert os.readlink(bin_dir / "rdma-cni.d/current") == build_id
+    for name in NAMES:
+        assert os.readlink(bin_dir / name) == f"rdma-cni.d/current/{name}"
+        assert os.access(bin_dir / name, os.X_OK)
+    meta = json.loads((tmp_path / "etc/cni/net.d/00-rdma-multus.conflist").read_text())
+    assert meta["plugins"][0]["defaultDelegates"] == "tke-route-eni"
+    # Configs name node paths, not the installer's view of them (--host-root).
+    assert meta["plugins"][0]["confDir"] == "/etc/cni/net.d/rdma-multus.d"
+    delegate = json.loads((tmp_path / "etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf").read_text())
+    assert delegate["type"] == "rdma-macvlan"
+
+
+def test_install_rewrites_paths_for_custom_dirs(bundle: Path, tmp_path: Path) -> None:
+    proc = install(
+        bundle, tmp_path, "--mode", "global-router", "--conf-dir", "/etc/cni/custom.d",
+        "--cni-bin-dir", "/usr/libexec/cni", "--kubelet-root-dir", "/data/kubelet",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    plugin = json.loads((tmp_path / "etc/cni/custom.d/00-rdma-multus.conflist").read_text())["plugins"][0]
+    assert plugin["defaultDelegates"] == "tke-bridge"
+    assert plugin["confDir"] == "/etc/cni/custom.d/rdma-multus.d"
+    assert plugin["kubeconfig"] == "/etc/cni/custom.d/rdma-multus.d/rdma-multus.kubeconfig"
+    assert plugin["kubeletRootDir"] == "/data/kubelet"
+    assert (tmp_path / "usr/libexec/cni/rdma-macvlan").is_symlink()
+
+
+def test_install_is_idempotent(bundle: Path, tmp_path: Path) -> None:
+    assert install(bundle, tmp_path, "--mode", "vpc-cni").returncode == 0
+    before = _tree(tmp_path)
+    proc = install(bundle, tmp_path, "--mode", "vpc-cni")
+    assert proc.returncode == 0
+    assert _tree(tmp_path) == before, "a second install changed files"
+    assert "wrote" not in proc.stderr and "linked" not in proc.stderr
+
+
+def test_switching_mode_replaces_the_meta_config(bundle: Path, tmp_path: Path) -> None:
+    assert install(bundle, tmp_path, "--mode", "vpc-cni").returncode == 0
+    assert install(bundle, tmp_path, "--mode", "global-router").returncode == 0
+    confs = sorted(p.name for p in (tmp_path / "etc/cni/net.d").glob("*.conflist"))
+    assert confs == ["00-rdma-multus.conflist"]
+    meta = json.loads((tmp_path / "etc/cni/net.d/00-rdma-multus.conflist").read_text())
+    assert meta["plugins"][0]["defaultDelegates"] == "tke-bridge"
+
+
+def test_without_mode_the_default_network_is_untouched(bundle: Path, tmp_path: Path) -> None:
+    proc = install(bundle, tmp_path)
+    assert proc.returncode == 0
+    assert not (tmp_path / "etc/cni/net.d/00-rdma-multus.conflist").exists()
+    assert (tmp_path / "etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf").is_file()
+    assert "default network is unchanged" in proc.stderr
+
+
+def test_bad_arguments_change_nothing(bundle: Path, tmp_path: Path) -> None:
+    for args in (["--mode", "calico"], ["--conf-dir", "relative/dir"], ["--cni-bin-dir", "/a b"], ["--x"]):
+        proc = install(bundle, tmp_path, *args)
+        assert proc.returncode != 0 and "install.sh:" in proc.stderr, args
+    assert list(tmp_path.iterdir()) == []
+
+
+def _fake_build(bundle: Path, dest: Path, build_id: str) -> Path:
+    """The same bundle under another BUILD_ID: an upgrade as install.sh sees it."""
+    shutil.copytree(bundle, dest, symlinks=True)
+    (dest / "BUILD_ID").write_text(build_id + "\n")
+    return dest
+
+
+def test_upgrade_keeps_one_previous_version_and_uninstall_removes_everything(
+    bundle: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    builds = [_fake_build(bundle, tmp_path / f"b{i}", f"0.1.0-test{i}") for i in range(3)]
+    for b in builds:
+        assert install(b, root, "--mode", "vpc-cni").returncode == 0
+    lib = root / "opt/cni/bin/rdma-cni.d"
+    assert sorted(p.name for p in lib.iterdir()) == ["0.1.0-test1", "0.1.0-test2", "current"]
+    assert os.readlink(lib / "current") == "0.1.0-test2"
+    # Someone else's plugin in the same bin dir is never touched.
+    (root / "opt/cni/bin/macvlan").write_text("#!/bin/sh\n")
+    proc = _run([str(bundle / "install.sh"), "--host-root", str(root), "--uninstall"])
+    assert proc.returncode == 0, proc.stderr
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
+    assert left == ["opt/cni/bin/macvlan"]
+
+
+def test_uninstall_refuses_while_pods_hold_bonds(bundle: Path, tmp_path: Path) -> None:
+    assert install(bundle, tmp_path, "--mode", "vpc-cni").returncode == 0
+    state = tmp_path / "var/lib/cni/rdma-macvlan"
+    state.mkdir(parents=True)
+    (state / "attachment.json").write_text("{}")
+    proc = _run([str(bundle / "install.sh"), "--host-root", str(tmp_path), "--uninstall"])
+    assert proc.returncode != 0 and "DEL needs rdma-macvlan" in proc.stderr
+    assert (tmp_path / "opt/cni/bin/rdma-macvlan").is_symlink()
+    proc = _run([str(bundle / "install.sh"), "--host-root", str(tmp_path), "--uninstall", "--force"])
+    assert proc.returncode == 0
+    assert not (tmp_path / "opt/cni/bin/rdma-macvlan").exists()
+
+
+def test_a_reader_never_sees_a_half_installed_bundle_or_config(bundle: Path, tmp_path: Path) -> None:
+    """Upgrades and mode switches in a loop while a reader checks, each with one syscall, what a pod
+    start would open: the plugin binary behind the link, the bundle behind `current`, the configs."""
+    root = tmp_path / "root"
+    builds = [_fake_build(bundle, tmp_path / f"b{i}", f"0.1.0-race{i}") for i in range(6)]
+    assert install(builds[0], root, "--mode", "vpc-cni").returncode == 0
+    bin_dir = root / "opt/cni/bin"
+    meta = root / "etc/cni/net.d/00-rdma-multus.conflist"
+    delegate = root / "etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf"
+    problems: list[str] = []
+    done = threading.Event()
+    reads = 0
+
+    def reader() -> None:
+        nonlocal reads
+        while not done.is_set():
+            try:
+                for name in NAMES:
+                    st = os.stat(bin_dir / name)  # follows both links in one call
+                    assert st.st_size > 0 and st.st_mode & 0o111
+                build_id = (bin_dir / "rdma-cni.d/current/BUILD_ID").read_text()
+                assert build_id.startswith("0.1.0-race"), build_id
+                assert (bin_dir / "rdma-cni.d/current/_internal/base_library.zip").stat().st_size > 0
+                json.loads(meta.read_text())
+                json.loads(delegate.read_text())
+                reads += 1
+            except (OSError, AssertionError, ValueError) as exc:
+                problems.append(repr(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i, b in enumerate(builds[1:] + builds[:2]):
+            mode = "global-router" if i % 2 else "vpc-cni"
+            proc = install(b, root, "--mode", mode)
+            assert proc.returncode == 0, proc.stderr
+    finally:
+        done.set()
+        thread.join()
+    assert problems == []
+    assert reads > 10
+
+
+# ---- running the installed binaries without Python ---------------------------------------------
+
+
+def _installed(bundle: Path, root: Path) -> Path:
+    assert install(bundle, root, "--mode", "vpc-cni").returncode == 0
+    return root / "opt/cni/bin"
+
+
+def _need(module: str) -> None:
+    if not (REPO / "rdma_cni" / "cli" / f"{module}.py").exists():
+        pytest.skip(f"rdma_cni/cli/{module}.py has not landed yet")
+
+
+@pytest.mark.parametrize("name", ["rdma-macvlan", "rdma-multus"])
+def test_installed_plugin_answers_version_without_python(bundle: Path, tmp_path: Path, name: str) -> None:
+    _need({"rdma-macvlan": "macvlan", "rdma-multus": "multus"}[name])
+    bin_dir = _installed(bundle, tmp_path)
+    env = bare_env(tmp_path, CNI_COMMAND="VERSION")
+    proc = _run([str(bin_dir / name)], env=env, input='{"cniVersion":"1.0.0"}')
+    assert proc.returncode == 0, proc.stderr
+    versions = json.loads(proc.stdout)["supportedVersions"]
+    assert {"0.3.1", "0.4.0", "1.0.0", "1.1.0"} <= set(versions)
+
+
+def test_installed_cni_tool_runs_without_python(bundle: Path, tmp_path: Path) -> None:
+    _need("tool")
+    bin_dir = _installed(bundle, tmp_path)
+    proc = _run([str(bin_dir / "cni-tool"), "--help"], env=bare_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "gids" in proc.stdout or "add" in proc.stdout
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A dir not under /tmp, so a noexec tmpfs mounted over /tmp does not hide the install."""
+    d = Path("/var/tmp") / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_noexec_tmp_does_not_matter(bundle: Path, outside_tmp: Path) -> None:
+    _need("macvlan")
+    bin_dir = _installed(bundle, outside_tmp)
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare(1) missing")
+    # A private mount namespace with a noexec, empty /tmp: a onefile binary fails here (it unpacks and
+    # runs from $TMPDIR); the onedir bundle must not care.
+    script = (
+        "mount -t tmpfs -o noexec,nosuid,nodev tmpfs /tmp && "
+        "grep ' /tmp ' /proc/self/mounts | grep -q noexec && "
+        f'echo \'{{"cniVersion":"1.0.0"}}\' | CNI_COMMAND=VERSION TMPDIR=/tmp {bin_dir}/rdma-macvlan'
+    )
+    proc = _run(["unshare", "-m", "sh", "-c", script], env=bare_env(outside_tmp) | {"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert "supportedVersions" in proc.stdout
