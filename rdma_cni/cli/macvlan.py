@@ -1,0 +1,45 @@
+"""Entry point of ``rdma-macvlan``: stdin and env in, the protocol's stdout and exit code out.
+
+``SPEC`` is what the dispatcher (and the warm node agent) needs; its factory imports the plugin
+lazily so VERSION and malformed requests never load pyroute2 or pydantic.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from rdma_cni.cni.plugin import Plugin, PluginSpec
+
+ABOUT = "rdma-macvlan: moves a bond's IP (and its RDMA GID) into the pod on a macvlan, and gives it back"
+
+
+def _factory() -> Plugin:
+    from rdma_cni.plugins.macvlan import MacvlanPlugin
+
+    return MacvlanPlugin()
+
+
+SPEC = PluginSpec(name="rdma-macvlan", factory=_factory, known_args=frozenset({"MAC"}), about=ABOUT)
+
+
+def run(env: Mapping[str, str], stdin: bytes) -> tuple[str, int]:
+    """The whole plugin as a function (what tests and the agent call)."""
+    from rdma_cni.cni.dispatch import run as dispatch
+
+    return dispatch(env, stdin, SPEC)
+
+
+def main() -> None:
+    env = dict(os.environ)
+    stdin = sys.stdin.buffer.read() if env.get("CNI_COMMAND") else b""
+    stdout, code = run(env, stdin)
+    if stdout:
+        sys.stdout.write(stdout)
+        sys.stdout.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

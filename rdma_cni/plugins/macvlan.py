@@ -1,0 +1,389 @@
+"""rdma-macvlan: each verb, top to bottom (the policy; mechanisms live in ``net``, ``rdma``, ``state``).
+
+ADD: config -> node lock -> pick bonds -> write-ahead record -> per bond: macvlan in the pod netns,
+the bond's addresses moved into it, routes, RDMA checks, announcements -> result. A failure anywhere
+undoes every bond of the attachment (:func:`macvlan_tx.teardown`) and names the step and the bond.
+DEL: record -> pod interfaces deleted (if that netns is still the recorded one) -> the bond's
+addresses, routes and rules replayed -> record removed. Works without the pod netns, without state,
+and twice. GC: DEL for every recorded attachment the runtime no longer lists. STATUS: could an ADD
+succeed now. See :mod:`rdma_cni.plugins.macvlan_tx` for the step order and the test failpoints.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from typing import Any
+
+from rdma_cni import log as logconf
+from rdma_cni.cni import invoke
+from rdma_cni.cni.errors import (
+    CHECK_FAILED,
+    INVALID_CONFIG,
+    INVALID_ENV,
+    NETLINK_FAILURE,
+    STATUS_UNAVAILABLE,
+    CniError,
+)
+from rdma_cni.cni.request import Request
+from rdma_cni.cni.result import Interface, IPConfig, Result, Route
+from rdma_cni.cni.result import parse as parse_result
+from rdma_cni.net import addresses, links, routes
+from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
+from rdma_cni.net.rtnl import attr
+from rdma_cni.plugins import macvlan_tx as tx
+from rdma_cni.plugins.macvlan_config import MacvlanConfig, parse_config
+from rdma_cni.plugins.macvlan_select import choose_bonds, describe_pins
+from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState
+
+log = logging.getLogger("rdma_cni.macvlan")
+
+KNOWN_ARGS = frozenset({"MAC"})
+
+
+def _config(req: Request) -> MacvlanConfig:
+    cfg = parse_config(req.config)
+    logconf.configure(cfg.log_file, cfg.log_level)
+    return cfg
+
+
+class MacvlanPlugin:
+    """The verbs. Stateless between calls: everything durable is in :class:`NodeState`."""
+
+    # ---------------------------------------------------------------- ADD
+    def add(self, req: Request) -> Result:
+        cfg = _config(req)
+        fp = tx.Failpoints(req.env)
+        state = NodeState(cfg.data_dir)
+        ns = open_netns(req.netns)
+        with ns, state.locked():
+            fp.hit("locked")
+            host = netlink_in(None)
+            pod = netlink_in(ns)
+            try:
+                return self._add_locked(req, cfg, state, fp, host, pod, ns)
+            finally:
+                pod.close()
+                host.close()
+
+    def _add_locked(
+        self, req: Request, cfg: MacvlanConfig, state: NodeState, fp: tx.Failpoints, host: Any, pod: Any,
+        ns: Any,
+    ) -> Result:
+        old = state.get(req.container_id, req.ifname)
+        if old is not None:
+            log.warning("ADD %s/%s: a previous attachment is recorded; undoing it first", req.container_id,
+                        req.ifname)
+            self._forget(req, cfg, state, old, host, req.netns)
+        self._reclaim_dead(req, cfg, state, host)
+        bonds = self._pick_bonds(req, cfg, state, host)
+        rec = AttachmentRecord(
+            container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=ns.inode,
+            cni_version=req.cni_version, network=req.name, ipam=cfg.ipam,
+        )
+        for i, bond in enumerate(bonds):
+            rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i))
+        state.put(rec)  # write-ahead: from here on a crash is repaired by DEL or GC
+        fp.hit("write-ahead")
+        ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: state.put(rec),
+                            mode=cfg.mode, mac=_requested_mac(req))
+        step = ["IPAM"]
+        current = rec.bonds[0].bond
+        try:
+            if cfg.ipam is not None:
+                self._run_ipam(req, cfg, rec, ctx)
+                state.put(rec)
+            fp.hit("ipam-added")
+            for i, b in enumerate(rec.bonds):
+                current = b.bond
+                tx.add_bond(ctx, b, i, step)
+            rec.phase = PHASE_ADDED
+            state.put(rec)
+            fp.hit("committed")
+        except BaseException as exc:
+            self._rollback(req, cfg, state, rec, host)
+            if isinstance(exc, CniError):
+                exc.msg = f"ADD failed at step '{step[0]}' for {current}: {exc.msg} (host restored)"
+                exc.args = (exc.msg,)
+                raise
+            if not isinstance(exc, Exception):
+                raise
+            raise CniError(
+                NETLINK_FAILURE, f"ADD failed at step '{step[0]}' for {current}: {exc} (host restored)"
+            ) from exc
+        return self._result(req, rec)
+
+    def _pick_bonds(self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any) -> list[str]:
+        masters = self._masters(cfg)
+
+        def usable(name: str) -> str:
+            link = links.get_link(host, name)
+            if link is None:
+                return "no such netdev on this node"
+            if cfg.ipam is None and not addresses.snapshot(host, link.index):
+                return "it holds no IP address to move"
+            return ""
+
+        return choose_bonds(req, masters, cfg.count, state.pins(), usable, lambda m: None, cfg.sysfs_root)
+
+    def _masters(self, cfg: MacvlanConfig) -> list[str]:
+        if cfg.masters:
+            return list(cfg.masters)
+        raise CniError(
+            INVALID_CONFIG,
+            "config key 'masters' is missing and no RDMA device backs a netdev on this node: "
+            'list the bonds, e.g. "masters": ["bond0"]',
+        )
+
+    def _plan_bond(
+        self, req: Request, cfg: MacvlanConfig, host: Any, pod: Any, bond: str, i: int
+    ) -> BondRecord:
+        link = links.get_link(host, bond)
+        if link is None:
+            raise CniError(INVALID_CONFIG, f"master {bond} does not exist on this node: fix 'masters'")
+        mtu = cfg.mtu or link.mtu
+        if mtu > link.mtu:
+            raise CniError(
+                INVALID_CONFIG, f"config key 'mtu' ({mtu}) exceeds {bond}'s MTU {link.mtu}: lower it"
+            )
+        name = bond if cfg.pod_if_name == "master" else (req.ifname if i == 0 else f"{req.ifname}_{i}")
+        if len(name) > 15:
+            raise CniError(INVALID_CONFIG, f"pod interface name {name!r} is longer than 15 characters")
+        if links.get_link(pod, name) is not None:
+            raise CniError(INVALID_ENV, f"interface {name} already exists in {req.netns}")
+        return tx.snapshot_bond(host, link, name, mtu, moves=cfg.ipam is None)
+
+    def _run_ipam(self, req: Request, cfg: MacvlanConfig, rec: AttachmentRecord, ctx: tx.AddContext) -> None:
+        assert cfg.ipam is not None
+        path = invoke.find_plugin(str(cfg.ipam["type"]), req.path)
+        raw = invoke.exec_plugin(path, "ADD", req.env, req.stdin)
+        rec.ipam_result = raw
+        res = parse_result(raw or {}, "IPAM result")
+        for ip in res.ips:
+            iface = ip.interface if ip.interface is not None and ip.interface < len(rec.bonds) else 0
+            net = ipaddress.ip_interface(ip.address)
+            ctx.extra_ips.setdefault(iface, []).append((str(net.ip), net.network.prefixlen))
+        ctx.ipam_routes = [(r.dst, r.gw) for r in res.routes]
+
+    def _rollback(
+        self, req: Request, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, host: Any
+    ) -> None:
+        try:
+            self._forget(req, cfg, state, rec, host, req.netns)
+        except Exception:  # the record stays; DEL/GC will finish the job
+            log.exception("rollback of %s/%s incomplete; state kept for DEL/GC", rec.container_id, rec.ifname)
+
+    def _forget(
+        self, req: Request, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, host: Any,
+        netns_path: str, fp: tx.Failpoints | None = None,
+    ) -> None:
+        """Undo one recorded attachment completely, then drop its record (the pin goes with it)."""
+        tx.teardown(rec, host, netns_path, fp)
+        if rec.ipam is not None:
+            self._ipam_del(req, rec)
+        state.remove(rec.container_id, rec.ifname)
+
+    def _ipam_del(self, req: Request, rec: AttachmentRecord) -> None:
+        assert rec.ipam is not None
+        env = dict(req.env)
+        env.update({"CNI_CONTAINERID": rec.container_id, "CNI_IFNAME": rec.ifname, "CNI_NETNS": rec.netns})
+        conf = {"cniVersion": rec.cni_version or req.cni_version, "name": rec.network or req.name,
+                "ipam": rec.ipam}
+        path = invoke.find_plugin(str(rec.ipam["type"]), req.path)
+        invoke.exec_plugin(path, "DEL", env, conf)
+
+    def _reclaim_dead(self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any) -> None:
+        """A bond pinned to a container whose netns is gone is given back before choosing bonds."""
+        for rec in state.attachments():
+            if rec.key == req.attachment or netns_inode(rec.netns) == rec.netns_inode:
+                continue
+            log.warning("reclaiming bonds %s of %s/%s: its netns %s is gone", [b.bond for b in rec.bonds],
+                        rec.container_id, rec.ifname, rec.netns)
+            try:
+                self._forget(req, cfg, state, rec, host, "")
+            except CniError as exc:
+                log.error("could not reclaim %s/%s: %s", rec.container_id, rec.ifname, exc.msg)
+
+    def _result(self, req: Request, rec: AttachmentRecord) -> Result:
+        res = Result()
+        for i, b in enumerate(rec.bonds):
+            res.interfaces.append(Interface(name=b.pod_ifname, mac=b.mac, mtu=b.mtu, sandbox=req.netns))
+            for a in b.addresses:
+                cidr = f"{addresses.ip_of(a)}/{a['prefixlen']}"
+                res.ips.append(IPConfig(cidr, tx.result_gateway(b, a), i))
+            for r in b.pod_routes:
+                subnet = not attr(r, "RTA_GATEWAY") and attr(r, "RTA_TABLE") == routes.RT_TABLE_MAIN
+                if not subnet or r["dst_len"] == 0:
+                    res.routes.append(_route_of(r))
+        if rec.ipam_result:
+            ipam = parse_result(rec.ipam_result, "IPAM result")
+            for ip in ipam.ips:
+                idx = ip.interface if ip.interface is not None and ip.interface < len(rec.bonds) else 0
+                res.ips.append(IPConfig(ip.address, ip.gateway, idx))
+            res.routes.extend(ipam.routes)
+            res.dns = ipam.dns
+        return res
+
+    # ---------------------------------------------------------------- DEL
+    def delete(self, req: Request) -> None:
+        cfg = _config(req)
+        fp = tx.Failpoints(req.env)
+        state = NodeState(cfg.data_dir)
+        with state.locked():
+            fp.hit("del-locked")
+            rec = state.get(req.container_id, req.ifname)
+            if rec is None:
+                log.info("DEL %s/%s: nothing recorded", req.container_id, req.ifname)
+                if cfg.ipam is not None:
+                    self._ipam_del(req, AttachmentRecord(req.container_id, req.ifname, req.netns, 0,
+                                                         ipam=cfg.ipam))
+                return
+            host = netlink_in(None)
+            try:
+                self._forget(req, cfg, state, rec, host, req.netns, fp)
+            finally:
+                host.close()
+
+    # ---------------------------------------------------------------- CHECK
+    def check(self, req: Request) -> None:
+        cfg = _config(req)
+        state = NodeState(cfg.data_dir)
+        rec = state.get(req.container_id, req.ifname)
+        if rec is None or rec.phase != PHASE_ADDED:
+            raise CniError(CHECK_FAILED, f"no completed ADD is recorded for {req.container_id}/{req.ifname}")
+        pins = state.pins()
+        for b in rec.bonds:
+            if pins.get(b.bond) != rec.key:
+                raise CniError(CHECK_FAILED, f"{b.bond} is no longer pinned to this container")
+        ns = open_netns(req.netns)
+        with ns:
+            if ns.inode != rec.netns_inode:
+                raise CniError(CHECK_FAILED, f"{req.netns} is not the netns recorded at ADD")
+            host = netlink_in(None)
+            pod = netlink_in(ns)
+            try:
+                for b in rec.bonds:
+                    _check_bond(host, pod, b)
+                _check_prev_result(req, pod)
+            finally:
+                pod.close()
+                host.close()
+
+    # ---------------------------------------------------------------- GC
+    def gc(self, req: Request) -> None:
+        cfg = _config(req)
+        if req.valid_attachments is None:
+            raise CniError(INVALID_CONFIG, "GC needs 'cni.dev/valid-attachments' (the runtime's live list)")
+        valid = set(req.valid_attachments)
+        state = NodeState(cfg.data_dir)
+        failures = []
+        fp = tx.Failpoints(req.env)
+        with state.locked():
+            fp.hit("del-locked")
+            host = netlink_in(None)
+            try:
+                for rec in state.attachments():
+                    if rec.key in valid:
+                        continue
+                    log.info("GC: %s/%s is not in the valid list", rec.container_id, rec.ifname)
+                    try:
+                        self._forget(req, cfg, state, rec, host, "", fp)
+                    except CniError as exc:
+                        failures.append(f"{rec.container_id}/{rec.ifname}: {exc.msg}")
+            finally:
+                host.close()
+        if failures:
+            raise CniError(NETLINK_FAILURE, "GC could not clean up: " + "; ".join(failures))
+
+    # ---------------------------------------------------------------- STATUS
+    def status(self, req: Request) -> None:
+        cfg = _config(req)
+        state = NodeState(cfg.data_dir)
+        try:
+            state.ensure()
+            if not os.access(cfg.data_dir, os.W_OK):
+                raise OSError(f"{cfg.data_dir} is not writable")
+        except OSError as exc:
+            raise CniError(STATUS_UNAVAILABLE, f"state dir unusable: {exc}") from exc
+        try:
+            masters = self._masters(cfg)
+        except CniError as exc:
+            raise CniError(STATUS_UNAVAILABLE, exc.msg) from exc
+        pins = state.pins()
+        host = netlink_in(None)
+        try:
+            reasons = []
+            for m in masters:
+                link = links.get_link(host, m)
+                if m in pins:
+                    reasons.append(f"{m} pinned to {pins[m].container_id}")
+                elif link is None:
+                    reasons.append(f"{m} does not exist")
+                elif cfg.ipam is None and not addresses.snapshot(host, link.index):
+                    reasons.append(f"{m} holds no IP address")
+                else:
+                    return
+        finally:
+            host.close()
+        raise CniError(STATUS_UNAVAILABLE, "no bond can be handed out now: " + "; ".join(reasons)
+                       + f" ({describe_pins(pins)})")
+
+
+def _requested_mac(req: Request) -> str:
+    mac = req.runtime_config.get("mac") or req.args.get("MAC", "")
+    if not isinstance(mac, str):
+        raise CniError(INVALID_CONFIG, "runtimeConfig.mac must be a string like 02:00:00:00:00:01")
+    return mac
+
+
+def _route_of(r: dict[str, Any]) -> Route:
+    dst = attr(r, "RTA_DST") or ("0.0.0.0" if r["family"] == 2 else "::")
+    table = attr(r, "RTA_TABLE", r["table"])
+    return Route(dst=f"{dst}/{r['dst_len']}", gw=attr(r, "RTA_GATEWAY") or "",
+                 priority=attr(r, "RTA_PRIORITY") or 0,
+                 table=None if table == routes.RT_TABLE_MAIN else table)
+
+
+def _check_bond(host: Any, pod: Any, b: BondRecord) -> None:
+    link = links.get_link(pod, b.pod_ifname)
+    if link is None or link.kind != "macvlan":
+        raise CniError(CHECK_FAILED, f"pod interface {b.pod_ifname} is missing")
+    if b.mac and link.mac != b.mac:
+        raise CniError(CHECK_FAILED, f"{b.pod_ifname} MAC is {link.mac}, recorded {b.mac}")
+    if link.mtu != b.mtu:
+        raise CniError(CHECK_FAILED, f"{b.pod_ifname} MTU is {link.mtu}, recorded {b.mtu}")
+    if not link.up:
+        raise CniError(CHECK_FAILED, f"{b.pod_ifname} is down")
+    live = set(addresses.live_cidrs(pod, link.index))
+    for a in b.addresses:
+        if addresses.cidr(a) not in live:
+            raise CniError(CHECK_FAILED, f"{addresses.cidr(a)} is missing from {b.pod_ifname}")
+    bond = links.get_link(host, b.bond)
+    if bond is not None:
+        on_bond = set(addresses.live_cidrs(host, bond.index))
+        for a in b.addresses:
+            if addresses.cidr(a) in on_bond:
+                raise CniError(CHECK_FAILED, f"{addresses.cidr(a)} is back on {b.bond} on the host")
+    have = {routes.route_key(r) for r in routes.live_routes(pod, link.index)}
+    for r in b.pod_routes:
+        if routes.route_key(r) not in have:
+            raise CniError(CHECK_FAILED, f"route {routes.describe_route(r)} is missing in the pod")
+
+
+def _check_prev_result(req: Request, pod: Any) -> None:
+    prev = req.prev_result
+    if prev is None:
+        return
+    for i, iface in enumerate(prev.interfaces):
+        if iface.sandbox != req.netns:
+            continue
+        link = links.get_link(pod, iface.name)
+        if link is None:
+            raise CniError(CHECK_FAILED, f"prevResult interface {iface.name} is missing")
+        if iface.mac and iface.mac.lower() != link.mac.lower():
+            raise CniError(CHECK_FAILED, f"prevResult interface {iface.name} MAC differs")
+        live = set(addresses.live_cidrs(pod, link.index))
+        for ip in prev.ips:
+            if ip.interface == i and str(ipaddress.ip_interface(ip.address)) not in live:
+                raise CniError(CHECK_FAILED, f"prevResult address {ip.address} missing on {iface.name}")

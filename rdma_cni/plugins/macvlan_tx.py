@@ -1,0 +1,245 @@
+"""The ADD transaction of rdma-macvlan, one bond at a time, and the teardown that undoes it.
+
+ADD per bond (DESIGN.md "rdma-macvlan: behaviour"; the order is what keeps the RoCE GID index):
+
+    write-ahead record  ->  macvlan created in the pod netns (temp name)  ->  rename, MTU, addrgen off
+    ->  addresses deleted from the bond  ->  added to the pod interface, primary first  ->  link up
+    ->  routes/rules  ->  RDMA (GID check, record)  ->  gratuitous ARP / unsolicited NA
+
+Every step is undone by :func:`teardown`, which needs only the record: it deletes the pod interface
+first (if the recorded netns is still there — checked by inode), then replays the bond's addresses,
+routes and rules. DEL, GC, a failed ADD and a crashed ADD all end there.
+
+Test-only failpoints: ``RDMA_CNI_FAILPOINT=<step>`` (or ``<step>#<n>`` for the n-th time the step is
+reached, e.g. the second bond) makes the plugin SIGKILL itself right after that step. Steps, in order:
+``locked``, ``write-ahead``, ``ipam-added``, ``link-created``, ``link-configured``,
+``addresses-removed``, ``addresses-added``, ``link-up``, ``routes-added``, ``rdma-checked``,
+``announced``, ``committed``; on DEL/GC: ``del-locked``, ``del-pod-cleaned``, ``del-host-restored``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rdma_cni.cni.errors import NETLINK_FAILURE, CniError
+from rdma_cni.net import addresses, links, routes
+from rdma_cni.net.announce import announce
+from rdma_cni.net.netns import Netns, NetnsUnavailable, netlink_in, open_netns
+from rdma_cni.net.rtnl import attr
+from rdma_cni.state import AttachmentRecord, BondRecord
+
+log = logging.getLogger("rdma_cni.macvlan")
+
+ADD_STEPS = (
+    "locked", "write-ahead", "ipam-added", "link-created", "link-configured", "addresses-removed",
+    "addresses-added", "link-up", "routes-added", "rdma-checked", "announced", "committed",
+)
+DEL_STEPS = ("del-locked", "del-pod-cleaned", "del-host-restored")
+POD_TABLE_BASE = 100  # pod-side per-bond routing tables 100, 101, ... (several bonds only)
+POD_RULE_PRIORITY = 100
+
+
+class Failpoints:
+    """``RDMA_CNI_FAILPOINT``: kill -9 ourselves at a named step (crash-safety tests only)."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        spec = env.get("RDMA_CNI_FAILPOINT", "")
+        step, _, nth = spec.partition("#")
+        self.step = step
+        self.nth = int(nth) if nth.isdigit() else 1
+        self.seen = 0
+
+    def hit(self, step: str) -> None:
+        if step != self.step:
+            return
+        self.seen += 1
+        if self.seen == self.nth:
+            log.warning("failpoint %s#%d: SIGKILL", step, self.nth)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def temp_name() -> str:
+    return "mvtmp" + secrets.token_hex(4)
+
+
+def snapshot_bond(host: Any, bond: links.Link, pod_ifname: str, mtu: int, moves: bool) -> BondRecord:
+    """What write-ahead records for one bond: everything needed to give it back exactly."""
+    addrs = addresses.snapshot(host, bond.index) if moves else []
+    ips = [addresses.ip_of(a) for a in addrs]
+    return BondRecord(
+        bond=bond.name,
+        bond_index=bond.index,
+        pod_ifname=pod_ifname,
+        temp_name=temp_name(),
+        mtu=mtu,
+        addresses=addrs,
+        routes=routes.snapshot_routes(host, bond.index, ips) if moves else [],
+        rules=routes.snapshot_rules(host, bond.name, ips) if moves else [],
+        moves_addresses=moves,
+    )
+
+
+@dataclass
+class AddContext:
+    host: Any
+    ns: Netns
+    pod: Any
+    rec: AttachmentRecord
+    fp: Failpoints
+    save: Callable[[], None]
+    mode: str = "bridge"
+    mac: str = ""
+    ipam_routes: list[tuple[str, str]] = field(default_factory=list)  # IPAM: (dst, gw) for bond 0
+    extra_ips: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # IPAM: bond# -> (ip, plen)
+    rdma_step: Callable[[BondRecord, int], None] | None = None
+
+
+def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
+    """Plug one bond into the pod; ``step[0]`` always names where we are (for the error message)."""
+    multi = len(ctx.rec.bonds) > 1
+    moving_v6 = any(addresses.is_ipv6(a) for a in b.addresses)
+    step[0] = "create macvlan"
+    links.create_macvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.mode, ctx.mac if i == 0 else "")
+    ctx.fp.hit("link-created")
+    step[0] = "configure pod interface"
+    index = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=not moving_v6)
+    ctx.fp.hit("link-configured")
+    step[0] = "remove addresses from the bond"
+    addresses.remove(ctx.host, b.bond_index, b.addresses)
+    ctx.fp.hit("addresses-removed")
+    step[0] = "add addresses to the pod interface"
+    addresses.add_to_pod(ctx.pod, index, b.addresses, b.bond, b.pod_ifname)
+    for ip, plen in ctx.extra_ips.get(i, []):
+        _add_plain_ip(ctx.pod, index, ip, plen)
+    ctx.fp.hit("addresses-added")
+    step[0] = "bring the pod interface up"
+    links.set_up(ctx.pod, index)
+    ctx.fp.hit("link-up")
+    step[0] = "add routes"
+    _pod_routing(ctx, b, i, index, multi)
+    ctx.fp.hit("routes-added")
+    if ctx.rdma_step is not None:
+        step[0] = "RDMA"
+        ctx.rdma_step(b, index)
+    ctx.fp.hit("rdma-checked")
+    step[0] = "announce the addresses"
+    link = links.get_link(ctx.pod, index=index)
+    b.mac = link.mac if link else ""
+    ips = [addresses.ip_of(a) for a in b.addresses] + [ip for ip, _ in ctx.extra_ips.get(i, [])]
+    try:
+        announce(ctx.ns, b.pod_ifname, index, b.mac, ips)
+    except OSError as exc:  # a lost announcement only delays peers' caches; not worth failing the pod
+        log.warning("announcing %s on %s failed: %s", ips, b.pod_ifname, exc)
+    ctx.fp.hit("announced")
+
+
+def _add_plain_ip(pod: Any, index: int, ip: str, plen: int) -> None:
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    flags = addresses.IFA_F_NODAD if family == socket.AF_INET6 else 0
+    pod.addr("add", index=index, address=ip, prefixlen=plen, family=family, flags=flags)
+
+
+def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int, multi: bool) -> None:
+    table = POD_TABLE_BASE + i if multi else None
+    subnets = []
+    for a in b.addresses:
+        net = addresses.network_of(a)
+        subnets.append((a["family"], net.split("/")[0], a["prefixlen"], addresses.ip_of(a)))
+    b.pod_routes = routes.pod_routes(b.routes, b.bond_index, index, subnets, table)
+    b.pod_rules = []
+    if table is not None:
+        for a in b.addresses:
+            b.pod_rules.append(
+                routes.source_rule(a["family"], addresses.ip_of(a), table, POD_RULE_PRIORITY + i)
+            )
+    routes.install(ctx.pod, "route", b.pod_routes)
+    routes.install(ctx.pod, "rule", b.pod_rules)
+    if i == 0:
+        for dst, gw in ctx.ipam_routes:
+            kwargs = {"dst": dst, "oif": index}
+            if gw:
+                kwargs["gateway"] = gw
+            ctx.pod.route("add", **kwargs)
+
+
+def delete_pod_side(rec: AttachmentRecord, netns_path: str) -> bool:
+    """Delete our interfaces in the pod netns when it is still the recorded one; True if it was."""
+    paths = [p for p in dict.fromkeys([netns_path, rec.netns]) if p]
+    for path in paths:
+        try:
+            ns = open_netns(path)
+        except NetnsUnavailable as exc:
+            log.info("pod netns %s: %s; its interfaces went with it", path, exc.msg)
+            continue
+        with ns:
+            if ns.inode != rec.netns_inode:
+                log.warning("netns %s is now another namespace (inode %d, recorded %d): not touched",
+                            path, ns.inode, rec.netns_inode)
+                continue
+            pod = netlink_in(ns)
+            try:
+                for b in rec.bonds:
+                    for name in (b.pod_ifname, b.temp_name):
+                        if _ours(pod, name, b):
+                            links.delete_link(pod, name)
+            finally:
+                pod.close()
+            return True
+    return False
+
+
+def _ours(pod: Any, name: str, b: BondRecord) -> bool:
+    link = links.get_link(pod, name)
+    return link is not None and link.kind == "macvlan"
+
+
+def restore_host(host: Any, b: BondRecord) -> list[str]:
+    """Put the bond's addresses, then routes, then rules back; returns what could not be restored."""
+    if not b.moves_addresses:
+        return []
+    bond = links.get_link(host, b.bond)
+    if bond is None:
+        log.error("bond %s no longer exists: its addresses %s cannot be restored", b.bond,
+                  [addresses.cidr(a) for a in b.addresses])
+        return []
+    problems = []
+    try:
+        addresses.restore(host, bond.index, b.addresses)
+    except Exception as exc:  # noqa: BLE001 - reported with the bond's name
+        problems.append(f"addresses of {b.bond}: {exc}")
+    problems += routes.restore_routes(host, b.routes, b.bond_index, bond.index)
+    problems += routes.restore_rules(host, b.rules)
+    return problems
+
+
+def teardown(rec: AttachmentRecord, host: Any, netns_path: str, fp: Failpoints | None = None) -> None:
+    """Undo an attachment from its record alone: pod interfaces first, then the host's addresses."""
+    delete_pod_side(rec, netns_path)
+    if fp:
+        fp.hit("del-pod-cleaned")
+    problems: list[str] = []
+    for b in rec.bonds:
+        problems += restore_host(host, b)
+        if fp:
+            fp.hit("del-host-restored")
+    if problems:
+        raise CniError(NETLINK_FAILURE, "could not restore the host: " + "; ".join(problems))
+
+
+def result_gateway(b: BondRecord, a: dict[str, Any]) -> str:
+    """The gateway of a default route through the bond that lies in this address's subnet."""
+    import ipaddress
+
+    net = ipaddress.ip_network(addresses.network_of(a))
+    for r in b.routes:
+        gw = attr(r, "RTA_GATEWAY")
+        if r["dst_len"] == 0 and gw and ipaddress.ip_address(gw) in net:
+            return str(gw)
+    return ""

@@ -1,0 +1,190 @@
+"""Durable node state of rdma-macvlan: one write-ahead record per attachment, and the node lock.
+
+Layout under ``dataDir`` (0700 dir, 0600 files, every write atomic via :mod:`rdma_cni.durable`)::
+
+    lock                                   fcntl lock file: one plugin at a time on this node
+    attachments/<containerID>@<ifname>.json   one AttachmentRecord (ifname %-quoted)
+
+The record is written **before** ADD touches anything and holds all that DEL needs to give the
+host back its addresses, routes and rules without the pod netns: so a kill -9 at any point leaves
+a record from which DEL or GC restores the node. A bond listed in a record is *pinned* to that
+attachment: pins are derived from the records, never stored twice, so they cannot disagree.
+
+A file that cannot be read or parsed is treated as absent and logged (never fatal for a pod start);
+it is left in place for ``cni-tool state`` / doctor to show.
+
+Public API (read by ``cni-tool state`` and doctor as well as the plugin)::
+
+    st = NodeState("/var/lib/cni/rdma-macvlan")
+    with st.locked():                      # node-wide exclusive lock (fcntl)
+        st.put(record); st.get(cid, ifname); st.remove(cid, ifname)
+    st.attachments()  -> list[AttachmentRecord]
+    st.pins()         -> dict[bond name, Attachment]
+    st.unreadable()   -> list[str] paths of files that failed to load
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rdma_cni import durable
+from rdma_cni.cni.errors import CniError
+from rdma_cni.cni.request import Attachment, validate_container_id, validate_ifname
+
+log = logging.getLogger("rdma_cni.state")
+
+SCHEMA_VERSION = 1
+PHASE_ADDING = "adding"  # write-ahead: the host may be partly changed; DEL/GC must undo
+PHASE_ADDED = "added"  # ADD returned a result
+ATTACHMENTS_DIR = "attachments"
+LOCK_FILE = "lock"
+
+
+@dataclass
+class BondRecord:
+    """Everything about one bond of an attachment; ``addresses``/``routes``/``rules`` are rtnl records."""
+
+    bond: str
+    bond_index: int
+    pod_ifname: str
+    temp_name: str
+    mtu: int = 0
+    mac: str = ""
+    addresses: list[dict[str, Any]] = field(default_factory=list)
+    routes: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    pod_routes: list[dict[str, Any]] = field(default_factory=list)
+    pod_rules: list[dict[str, Any]] = field(default_factory=list)
+    moves_addresses: bool = True
+    rdma: dict[str, Any] | None = None
+
+
+@dataclass
+class AttachmentRecord:
+    container_id: str
+    ifname: str
+    netns: str
+    netns_inode: int
+    phase: str = PHASE_ADDING
+    cni_version: str = ""
+    network: str = ""
+    bonds: list[BondRecord] = field(default_factory=list)
+    ipam: dict[str, Any] | None = None
+    ipam_result: dict[str, Any] | None = None
+    created: float = field(default_factory=time.time)
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def key(self) -> Attachment:
+        return Attachment(self.container_id, self.ifname)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttachmentRecord:
+        if not isinstance(data, dict):
+            raise ValueError("record is not a JSON object")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"schema {data.get('schema')!r}, this plugin reads {SCHEMA_VERSION}")
+        raw = dict(data)
+        bonds = [BondRecord(**b) for b in raw.pop("bonds", [])]
+        rec = cls(**raw, bonds=bonds)
+        validate_container_id(rec.container_id)
+        validate_ifname(rec.ifname)
+        if rec.phase not in (PHASE_ADDING, PHASE_ADDED):
+            raise ValueError(f"unknown phase {rec.phase!r}")
+        return rec
+
+
+def record_filename(container_id: str, ifname: str) -> str:
+    """``<cid>@<quoted ifname>.json``: '@' cannot occur in a valid container ID; the ifname is quoted."""
+    validate_container_id(container_id)
+    validate_ifname(ifname)
+    return f"{container_id}@{urllib.parse.quote(ifname, safe='')}.json"
+
+
+class NodeState:
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        self.dir = os.path.join(data_dir, ATTACHMENTS_DIR)
+        self._unreadable: list[str] = []
+
+    def ensure(self) -> None:
+        durable.ensure_dir(self.data_dir)
+        durable.ensure_dir(self.dir)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive node-wide lock; released by the kernel even when the holder is kill -9'd."""
+        self.ensure()
+        fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def path(self, container_id: str, ifname: str) -> str:
+        return os.path.join(self.dir, record_filename(container_id, ifname))
+
+    def put(self, rec: AttachmentRecord) -> None:
+        self.ensure()
+        durable.atomic_write_json(self.path(rec.container_id, rec.ifname), rec.to_dict())
+
+    def get(self, container_id: str, ifname: str) -> AttachmentRecord | None:
+        return self._load(self.path(container_id, ifname))
+
+    def remove(self, container_id: str, ifname: str) -> bool:
+        return durable.remove(self.path(container_id, ifname))
+
+    def attachments(self) -> list[AttachmentRecord]:
+        self._unreadable = []
+        try:
+            names = sorted(os.listdir(self.dir))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if not name.endswith(".json") or name.startswith(".tmp-"):
+                continue
+            rec = self._load(os.path.join(self.dir, name))
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def pins(self) -> dict[str, Attachment]:
+        return {b.bond: rec.key for rec in self.attachments() for b in rec.bonds}
+
+    def unreadable(self) -> list[str]:
+        """Files the last :meth:`attachments` call could not use (for cni-tool state / doctor)."""
+        return list(self._unreadable)
+
+    def _load(self, path: str) -> AttachmentRecord | None:
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read())
+            rec = AttachmentRecord.from_dict(data)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, CniError) as exc:
+            log.error("state file %s is unreadable, treated as absent: %s", path, exc)
+            self._unreadable.append(path)
+            return None
+        expected = os.path.basename(path)
+        if record_filename(rec.container_id, rec.ifname) != expected:
+            log.error("state file %s names another attachment (%s, %s): ignored", path, rec.container_id,
+                      rec.ifname)
+            self._unreadable.append(path)
+            return None
+        return rec
+
