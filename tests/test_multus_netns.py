@@ -112,6 +112,15 @@ class Node:
                      "ranges": [[{"subnet": "203.0.113.0/24", "rangeStart": "203.0.113.100",
                                   "rangeEnd": "203.0.113.110"}]]}}]})  # fmt: skip
 
+    def add_bond(self, name: str, cidr: str, peer_cidr: str) -> None:
+        """Another veth "bond" in the node, its peer in the switch netns."""
+        sh("ip", "-n", self.name, "link", "add", name, "type", "veth", "peer", "name", f"{name}p",
+           "netns", self.switch)  # fmt: skip
+        sh("ip", "-n", self.name, "addr", "add", cidr, "dev", name)
+        sh("ip", "-n", self.name, "link", "set", name, "up")
+        sh("ip", "-n", self.switch, "addr", "add", peer_cidr, "dev", f"{name}p")
+        sh("ip", "-n", self.switch, "link", "set", f"{name}p", "up")
+
     def _wrapper(self, name: str, real: Path) -> None:
         path = self.bin_dir / name
         path.write_text(
