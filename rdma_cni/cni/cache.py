@@ -25,12 +25,12 @@ import binascii
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import durable
+from rdma_cni.cni import gojson
 from rdma_cni.cni.errors import STATE_CORRUPT, CniError
 from rdma_cni.cni.request import validate_container_id, validate_ifname, validate_network_name
 
@@ -39,10 +39,6 @@ log = logging.getLogger(__name__)
 KIND = "cniCacheV1"
 DEFAULT_CACHE_DIR = "/var/lib/cni"
 RESULTS_SUBDIR = "results"
-
-# Go's json encoder escapes these inside strings; doing the same keeps files byte-identical.
-_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-_GO_ESCAPE_RE = re.compile("[<>&\u2028\u2029]")
 
 
 @dataclass
@@ -75,7 +71,7 @@ class CacheEntry:
             parts.append(("capabilityArgs", self.capability_args))
         if self.result:
             parts.append(("result", self.result))
-        body = ",".join(f"{_go_json(k)}:{_go_json(v)}" for k, v in parts)
+        body = ",".join(f"{gojson.dumps(k)}:{gojson.dumps(v)}" for k, v in parts)
         return ("{" + body + "}").encode()
 
     @classmethod
@@ -174,12 +170,6 @@ class ResultCache:
             if network and entry.network != network:
                 continue
             yield entry
-
-
-def _go_json(value: Any) -> str:
-    """Compact JSON with sorted map keys and Go's HTML escapes (UTF-8 kept, like encoding/json)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return _GO_ESCAPE_RE.sub(lambda m: _GO_ESCAPES[m.group(0)], text)
 
 
 def _field_str(obj: Mapping[str, Any], key: str, source: str) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rdma_cni.cni import gojson
 from rdma_cni.cni import version as cniver
 from rdma_cni.cni.errors import INVALID_CONFIG, IO_FAILURE, CniError
 from rdma_cni.cni.result import parse as parse_result
@@ -103,9 +104,7 @@ def parse_single(data: bytes, source: str = "network config") -> NetworkConfigLi
     if not isinstance(name, str) or not isinstance(version, str):
         raise CniError(INVALID_CONFIG, f"{source}: fields 'name' and 'cniVersion' must be strings")
     # libcni marshals a Go map here: keys sorted, compact; the cache stores exactly these bytes.
-    synthesised = json.dumps(
-        {"cniVersion": version, "name": name, "plugins": [plugin]}, sort_keys=True, separators=(",", ":")
-    ).encode()
+    synthesised = gojson.dumps({"cniVersion": version, "name": name, "plugins": [plugin]}).encode()
     return parse_conflist(synthesised, source)
 
 
