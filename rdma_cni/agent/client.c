@@ -157,7 +157,8 @@ static void write_item(int out, const unsigned char **pos) {
     *pos += 4 + get_u32(*pos);
 }
 
-/* Runs the in-process implementation with the stdin we already consumed, via a memfd. */
+/* Runs the in-process implementation; the stdin we already consumed (if any: in != NULL) is
+ * handed over in a memfd. */
 static void fall_back(char **argv, const struct buf *in) {
     const char *prog = getenv("RDMA_CNI_FALLBACK");
     char path[PATH_MAX];
@@ -169,13 +170,15 @@ static void fall_back(char **argv, const struct buf *in) {
         strcpy(slash ? slash + 1 : path, "rdma-cni");
         prog = path;
     }
-    int mfd = memfd_create("rdma-cni-stdin", 0);
-    if (mfd < 0 || (in->len && write(mfd, in->p, in->len) != (ssize_t)in->len) ||
-        lseek(mfd, 0, SEEK_SET) < 0 || dup2(mfd, 0) < 0) {
-        perror("rdma-cni-client: stdin for the fallback");
-        exit(5);
+    if (in) {
+        int mfd = memfd_create("rdma-cni-stdin", 0);
+        if (mfd < 0 || (in->len && write(mfd, in->p, in->len) != (ssize_t)in->len) ||
+            lseek(mfd, 0, SEEK_SET) < 0 || dup2(mfd, 0) < 0) {
+            perror("rdma-cni-client: stdin for the fallback");
+            exit(5);
+        }
+        close(mfd);
     }
-    close(mfd);
     setenv("RDMA_CNI_AGENT", "off", 1);
     execv(prog, argv);
     fprintf(stderr, "rdma-cni-client: cannot run %s: %s\n", prog, strerror(errno));
@@ -201,7 +204,7 @@ int main(int argc, char **argv) {
     const char *command = getenv("CNI_COMMAND");
     const char *off = getenv("RDMA_CNI_AGENT");
     struct buf in = {0};
-    if (!command || !*command || (off && !strcmp(off, "off"))) fall_back(argv, &in);
+    if (!command || !*command || (off && !strcmp(off, "off"))) fall_back(argv, NULL);
     if (read_all(0, &in) < 0) fall_back(argv, &in);
 
     const char *path = getenv("RDMA_CNI_AGENT_SOCKET");

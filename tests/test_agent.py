@@ -1,0 +1,500 @@
+"""rdma-agent and its thin clients, served the probe plugin of ``test_agent_probe``.
+
+Real agent processes, real unix sockets, real namespaces, real kill -9. The probe reports where it
+ran, which proves the worker takes the caller's namespaces and environment; the plugin-level tests
+(identical results with the real rdma-macvlan, DEL after a crash, reconcile) are in
+``test_agent_macvlan.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from test_agent_probe import SPEC as PROBE
+
+from rdma_cni.agent import client, wire
+from rdma_cni.cni import dispatch
+
+pytestmark = pytest.mark.netns
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+PREFIX = f"h7-{os.getpid()}-"
+
+
+@dataclass
+class RunningAgent:
+    proc: subprocess.Popen[bytes]
+    sock: str
+    log: Path
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def start_agent(tmp: Path, *args: str, netns: str = "", plugins: bool = True) -> RunningAgent:
+    sock = str(tmp / "agent.sock")
+    log = tmp / "agent.log"
+    cmd = [sys.executable, "-m", "rdma_cni.cli.agent", "--socket", sock, "--reconcile-interval", "-1"]
+    if plugins:
+        cmd += ["--plugin", "probe=test_agent_probe:SPEC"]
+    cmd += list(args)
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}:{os.environ.get('PYTHONPATH', '')}")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise AssertionError(f"agent did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.02)
+    return RunningAgent(proc, sock, log)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[RunningAgent]:
+    running = start_agent(tmp_path)
+    try:
+        yield running
+    finally:
+        stop(running.proc)
+
+
+@pytest.fixture
+def netns() -> Iterator[list[str]]:
+    """Make namespaces on demand (``netns.append(name)`` after ``ip netns add``); delete them all."""
+    made: list[str] = []
+    try:
+        yield made
+    finally:
+        for name in made:
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
+def new_netns(made: list[str]) -> str:
+    name = PREFIX + uuid.uuid4().hex[:8]
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    made.append(name)
+    return name
+
+
+def cni_env(command: str, netns_path: str = "/var/run/netns/none", **extra: str) -> dict[str, str]:
+    env = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "c0ffee",
+        "CNI_NETNS": netns_path,
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/usr/lib/cni",
+        "H7_PROBE": "from-the-caller",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    env.update(extra)
+    return env
+
+
+def probe_conf(version: str = "1.1.0", **extra: object) -> bytes:
+    return json.dumps({"cniVersion": version, "name": "probe-net", "type": "probe", **extra}).encode()
+
+
+def in_process(env: dict[str, str], stdin: bytes) -> tuple[str, int]:
+    return dispatch.run(env, stdin, PROBE)
+
+
+def read_json(path: Path, timeout: float = 20.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            data: dict[str, object] = json.loads(path.read_text())
+            return data
+        except (FileNotFoundError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+# --- the socket --------------------------------------------------------------------------------
+
+
+def test_socket_is_0600_and_owned_by_root(agent: RunningAgent) -> None:
+    st = os.stat(agent.sock)
+    assert oct(st.st_mode & 0o777) == oct(0o600)
+    assert (st.st_uid, st.st_gid) == (0, 0)
+
+
+def test_sigterm_removes_the_socket(tmp_path: Path) -> None:
+    running = start_agent(tmp_path)
+    stop(running.proc)
+    assert running.proc.returncode == 0
+    assert not os.path.exists(running.sock)
+
+
+def test_a_second_agent_on_the_same_socket_refuses_to_start(agent: RunningAgent) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rdma_cni.cli.agent", "--socket", agent.sock, "--reconcile-interval", "-1"],
+        capture_output=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert b"another rdma-agent" in proc.stderr
+    assert os.path.exists(agent.sock)  # the first one's socket is untouched
+
+
+def test_peer_that_is_not_root_is_refused_even_through_an_open_socket(
+    agent: RunningAgent, tmp_path: Path
+) -> None:
+    os.chmod(agent.sock, 0o666)  # only the peer-credential check is left to stop it
+    os.chmod(tmp_path, 0o755)
+    marker = tmp_path / "ran.json"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            answer = client.forward(
+                "probe", cni_env("ADD"), probe_conf(probeFile=str(marker)), path=agent.sock
+            )
+            os._exit(10 if answer is None else 11)
+        except BaseException:  # noqa: BLE001 - a forked child must never return into pytest
+            os._exit(12)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 10
+    assert not marker.exists()
+
+
+# --- where and how the call runs ---------------------------------------------------------------
+
+
+def test_worker_runs_in_the_callers_namespaces_with_its_environment(tmp_path: Path, netns: list[str]) -> None:
+    agent_ns = new_netns(netns)
+    running = start_agent(tmp_path, netns=agent_ns)
+    try:
+        marker = tmp_path / "where.json"
+        answer = client.forward("probe", cni_env("ADD"), probe_conf(probeFile=str(marker)), path=running.sock)
+        assert answer is not None and answer.code == 0
+        where = read_json(marker)
+        assert where["net"] == os.stat("/proc/self/ns/net").st_ino  # the test's, not the agent's
+        assert where["mnt"] == os.stat("/proc/self/ns/mnt").st_ino
+        assert where["env"] == "from-the-caller"
+        assert where["pid"] not in (os.getpid(), running.pid)
+        assert where["cwd"] == "/"
+
+        # A caller inside another netns (ip netns exec: its own mount namespace too).
+        caller_ns = new_netns(netns)
+        marker2 = tmp_path / "where2.json"
+        script = (
+            "import json,os,sys; from rdma_cni.agent import client; "
+            f"a = client.forward('probe', {cni_env('ADD')!r}, {probe_conf(probeFile=str(marker2))!r}, "
+            f"path={running.sock!r}); "
+            "print(json.dumps([a is not None and a.code, os.stat('/proc/self/ns/net').st_ino, "
+            "os.stat('/proc/self/ns/mnt').st_ino]))"
+        )
+        out = subprocess.run(
+            ["ip", "netns", "exec", caller_ns, sys.executable, "-c", script],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+        )
+        code, net, mnt = json.loads(out.stdout)
+        where2 = read_json(marker2)
+        assert code == 0
+        assert (where2["net"], where2["mnt"]) == (net, mnt)
+        assert net != where["net"]
+    finally:
+        stop(running.proc)
+
+
+@pytest.mark.parametrize(
+    "command,conf,env_extra",
+    [
+        ("ADD", {}, {}),
+        ("CHECK", {}, {}),
+        ("DEL", {}, {}),
+        ("GC", {}, {}),
+        ("STATUS", {}, {}),
+        ("VERSION", {}, {}),
+        ("ADD", {"fail": True}, {}),  # the plugin's own error
+        ("ADD", {}, {"CNI_IFNAME": "much-too-long-ifname"}),  # a protocol error
+        ("FROB", {}, {}),  # unknown verb
+        ("ADD", {"cniVersion": "0.2.0"}, {}),  # incompatible version
+    ],
+)
+def test_agent_answer_equals_the_in_process_answer(
+    agent: RunningAgent, command: str, conf: dict[str, object], env_extra: dict[str, str]
+) -> None:
+    plain = not conf and not env_extra
+    conf = dict(conf)
+    version = str(conf.pop("cniVersion", "1.1.0"))
+    env = cni_env(command, **env_extra)
+    stdin = probe_conf(version, **conf)
+    answer = client.forward("probe", env, stdin, path=agent.sock)
+    assert answer is not None
+    assert (answer.stdout, answer.code) == in_process(env, stdin)
+    if command in ("ADD", "CHECK", "DEL") and plain:
+        assert f"probe {command} on stderr" in answer.stderr
+
+
+def test_unknown_plugin_is_refused(agent: RunningAgent) -> None:
+    assert client.forward("no-such-plugin", cni_env("ADD"), probe_conf(), path=agent.sock) is None
+
+
+def test_busy_agent_refuses_so_the_caller_runs_in_process(tmp_path: Path) -> None:
+    running = start_agent(tmp_path, "--max-workers", "1")
+    try:
+        started = tmp_path / "started.json"
+        slow = threading.Thread(
+            target=client.forward,
+            args=("probe", cni_env("ADD"), probe_conf(sleep=2, startedFile=str(started))),
+            kwargs={"path": running.sock},
+        )
+        slow.start()
+        read_json(started)
+        assert client.forward("probe", cni_env("DEL"), probe_conf(), path=running.sock) is None
+        slow.join()
+    finally:
+        stop(running.proc)
+
+
+# --- crashes -----------------------------------------------------------------------------------
+
+
+def forward_in_thread(sock: str, env: dict[str, str], stdin: bytes) -> tuple[threading.Thread, list[object]]:
+    box: list[object] = []
+    thread = threading.Thread(target=lambda: box.append(client.forward("probe", env, stdin, path=sock)))
+    thread.start()
+    return thread, box
+
+
+def test_agent_killed_mid_request_the_call_still_completes(agent: RunningAgent, tmp_path: Path) -> None:
+    started, done = tmp_path / "started.json", tmp_path / "done.json"
+    stdin = probe_conf(sleep=1.0, startedFile=str(started), probeFile=str(done))
+    thread, box = forward_in_thread(agent.sock, cni_env("ADD"), stdin)
+    read_json(started)
+    os.kill(agent.pid, signal.SIGKILL)
+    agent.proc.wait()
+    thread.join(30)
+    answer = box[0]
+    assert isinstance(answer, client.Answer)
+    assert (answer.stdout, answer.code) == in_process(cni_env("ADD"), probe_conf())
+    assert done.exists()
+    # The stale socket is left behind; a new call finds nobody listening and runs in-process.
+    assert os.path.exists(agent.sock)
+    assert client.forward("probe", cni_env("DEL"), probe_conf(), path=agent.sock) is None
+
+
+def test_worker_killed_mid_add_answers_try_again_later(agent: RunningAgent, tmp_path: Path) -> None:
+    started, done = tmp_path / "started.json", tmp_path / "done.json"
+    stdin = probe_conf("1.0.0", sleep=5, startedFile=str(started), probeFile=str(done))
+    thread, box = forward_in_thread(agent.sock, cni_env("ADD"), stdin)
+    worker = int(str(read_json(started)["pid"]))
+    os.kill(worker, signal.SIGKILL)
+    thread.join(30)
+    answer = box[0]
+    assert isinstance(answer, client.Answer)
+    assert answer.code == 1
+    err = json.loads(answer.stdout)
+    assert err["code"] == 11 and err["cniVersion"] == "1.0.0"
+    assert "DEL" in err["msg"]
+    assert not done.exists()
+
+
+@pytest.mark.parametrize("command", ["DEL", "CHECK", "GC", "STATUS"])
+def test_worker_killed_mid_repeatable_call_falls_back(
+    agent: RunningAgent, tmp_path: Path, command: str
+) -> None:
+    started = tmp_path / "started.json"
+    thread, box = forward_in_thread(
+        agent.sock, cni_env(command), probe_conf(sleep=5, startedFile=str(started))
+    )
+    os.kill(int(str(read_json(started)["pid"])), signal.SIGKILL)
+    thread.join(30)
+    assert box == [None]
+
+
+def test_client_that_gives_up_before_go_never_has_the_call_run(agent: RunningAgent, tmp_path: Path) -> None:
+    marker = tmp_path / "ran.json"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(agent.sock)
+        client._send_request(sock, "probe", cni_env("ADD"), probe_conf(probeFile=str(marker)))
+        assert sock.recv(1) == wire.READY
+    time.sleep(0.5)
+    assert not marker.exists()
+
+
+# --- try_agent, the entry points' first step ----------------------------------------------------
+
+TRY_AGENT = """
+import sys
+from rdma_cni.agent.client import try_agent
+code = try_agent("probe")
+if code is None:
+    sys.stdout.write("fallback read:" + sys.stdin.buffer.read().decode())
+    code = 42
+sys.exit(code)
+"""
+
+
+def run_try_agent(env: dict[str, str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-c", TRY_AGENT], input=stdin, env=env, capture_output=True, cwd=REPO, timeout=60
+    )
+
+
+def test_try_agent_prints_the_answer_and_its_exit_code(agent: RunningAgent) -> None:
+    env = dict(cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=agent.sock)
+    proc = run_try_agent(env, probe_conf(fail=True))
+    assert (proc.stdout.decode(), proc.returncode) == in_process(env, probe_conf(fail=True))
+    assert b"probe ADD on stderr" in proc.stderr
+
+
+@pytest.mark.parametrize("why", ["no socket", "agent off", "stale socket"])
+def test_try_agent_falls_back_with_stdin_intact(tmp_path: Path, why: str) -> None:
+    sock = str(tmp_path / "agent.sock")
+    env = dict(cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=sock)
+    if why == "agent off":
+        env["RDMA_CNI_AGENT"] = "off"
+    if why == "stale socket":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(sock)
+        s.close()  # bound, never listening: connect is refused
+    proc = run_try_agent(env, probe_conf())
+    assert proc.returncode == 42
+    assert proc.stdout.decode() == "fallback read:" + probe_conf().decode()
+
+
+# --- the C client ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def c_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("c-client")
+    subprocess.run(
+        [str(REPO / "scripts" / "build-client"), "--out", str(out)], check=True, capture_output=True
+    )
+    (out / "probe").symlink_to("rdma-cni-client")
+    fallback = out / "fallback.sh"
+    fallback.write_text(
+        '#!/bin/sh\nprintf "fallback agent=%s argv0=%s stdin=" "$RDMA_CNI_AGENT" "$0"\ncat\nexit 42\n'
+    )
+    fallback.chmod(0o755)
+    return out
+
+
+def run_c(c_client: Path, env: dict[str, str], stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+    env = dict(env, RDMA_CNI_FALLBACK=str(c_client / "fallback.sh"))
+    return subprocess.run([str(c_client / "probe")], input=stdin, env=env, capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("command,fail", [("ADD", False), ("ADD", True), ("DEL", False), ("VERSION", False)])
+def test_c_client_answer_equals_the_in_process_answer(
+    agent: RunningAgent, c_client: Path, command: str, fail: bool
+) -> None:
+    env = dict(cni_env(command), RDMA_CNI_AGENT_SOCKET=agent.sock)
+    stdin = probe_conf(fail=fail) if fail else probe_conf()
+    proc = run_c(c_client, env, stdin)
+    assert (proc.stdout.decode(), proc.returncode) == in_process(env, stdin)
+    if command != "VERSION":
+        assert f"probe {command} on stderr".encode() in proc.stderr
+
+
+def test_c_client_worker_runs_with_the_callers_environment(
+    agent: RunningAgent, c_client: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "where.json"
+    env = dict(cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=agent.sock, H7_PROBE="via C")
+    assert run_c(c_client, env, probe_conf(probeFile=str(marker))).returncode == 0
+    where = read_json(marker)
+    assert where["env"] == "via C"
+    assert where["net"] == os.stat("/proc/self/ns/net").st_ino
+
+
+@pytest.mark.parametrize("why", ["no socket", "agent off", "unknown plugin"])
+def test_c_client_falls_back_with_stdin_intact(
+    agent: RunningAgent, c_client: Path, tmp_path: Path, why: str
+) -> None:
+    env = dict(cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=agent.sock)
+    if why == "no socket":
+        env["RDMA_CNI_AGENT_SOCKET"] = str(tmp_path / "absent.sock")
+    if why == "agent off":
+        env["RDMA_CNI_AGENT"] = "off"
+    stdin = probe_conf()
+    exe = c_client / "probe"
+    if why == "unknown plugin":
+        exe = tmp_path / "not-served"
+        exe.symlink_to(c_client / "rdma-cni-client")
+    proc = subprocess.run(
+        [str(exe)],
+        input=stdin,
+        env=dict(env, RDMA_CNI_FALLBACK=str(c_client / "fallback.sh")),
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 42
+    assert (
+        proc.stdout.decode() == f"fallback agent=off argv0={c_client / 'fallback.sh'} stdin=" + stdin.decode()
+    )
+
+
+def test_c_client_worker_killed_mid_add_answers_try_again_later(
+    agent: RunningAgent, c_client: Path, tmp_path: Path
+) -> None:
+    started = tmp_path / "started.json"
+    env = dict(
+        cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=agent.sock, RDMA_CNI_FALLBACK=str(c_client / "fallback.sh")
+    )
+    proc = subprocess.Popen(
+        [str(c_client / "probe")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(probe_conf("0.4.0", sleep=5, startedFile=str(started)))
+    proc.stdin.close()
+    os.kill(int(str(read_json(started)["pid"])), signal.SIGKILL)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    assert proc.wait(timeout=30) == 1
+    err = json.loads(out)
+    assert (err["code"], err["cniVersion"]) == (11, "0.4.0")
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit(tmp_path: Path) -> None:
+    running = start_agent(tmp_path)  # default plugins: rdma-macvlan and rdma-multus, preloaded
+    try:
+        with open(f"/proc/{running.pid}/status") as f:
+            rss_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        print(f"rdma-agent RSS: {rss_kib / 1024:.1f} MiB; log: {running.log.read_text()[-400:]}")
+        assert rss_kib < 500 * 1024  # the seed's DaemonSet memory limit, 500Mi
+    finally:
+        stop(running.proc)

@@ -1,0 +1,105 @@
+"""A probe plugin the agent tests serve (``--plugin probe=test_agent_probe:SPEC``), and wire tests.
+
+The probe does nothing to the network: it reports where and how it ran (pid, net and mount
+namespace inodes, an environment variable, cwd) into the file named by its config's ``probeFile``,
+writes a line on stderr, and can sleep during ADD/DEL (``sleep`` seconds, after writing
+``startedFile``) so a test can kill the process running it mid-call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from rdma_cni.agent import wire
+from rdma_cni.cni.errors import CniError
+from rdma_cni.cni.plugin import PluginSpec
+from rdma_cni.cni.request import Request
+from rdma_cni.cni.result import Interface, IPConfig, Result
+
+PROBE_ERROR_CODE = 142
+
+
+def where_am_i() -> dict[str, object]:
+    return {
+        "pid": os.getpid(),
+        "net": os.stat("/proc/self/ns/net").st_ino,
+        "mnt": os.stat("/proc/self/ns/mnt").st_ino,
+        "env": os.environ.get("H7_PROBE", ""),
+        "cwd": os.getcwd(),
+    }
+
+
+class Probe:
+    def _report(self, req: Request) -> None:
+        sys.stderr.write(f"probe {req.command} on stderr\n")
+        started = req.config.get("startedFile")
+        if started:
+            with open(started, "w") as f:
+                json.dump(where_am_i(), f)
+        time.sleep(float(req.config.get("sleep", 0)))
+        out = req.config.get("probeFile")
+        if out:
+            with open(out, "w") as f:
+                json.dump(where_am_i(), f)
+        if req.config.get("fail"):
+            raise CniError(PROBE_ERROR_CODE, "probe was told to fail", "details here")
+
+    def add(self, req: Request) -> Result:
+        self._report(req)
+        return Result(
+            interfaces=[Interface(name=req.ifname, mac="02:00:00:00:00:01", sandbox=req.netns)],
+            ips=[IPConfig(address="198.51.100.9/28", interface=0)],
+        )
+
+    def delete(self, req: Request) -> None:
+        self._report(req)
+
+    def check(self, req: Request) -> None:
+        self._report(req)
+
+    def gc(self, req: Request) -> None:
+        self._report(req)
+
+    def status(self, req: Request) -> None:
+        self._report(req)
+
+
+SPEC = PluginSpec(name="probe", factory=Probe, about="probe: reports where it ran")
+
+
+def test_request_frame_round_trips_env_and_binary_stdin() -> None:
+    env = {"CNI_COMMAND": "ADD", "CNI_ARGS": "A=b=c;X=", "EMPTY": "", "UTF": "é"}
+    stdin = bytes(range(256))
+    frame = wire.encode_request("rdma-macvlan", env, stdin)
+    count = int.from_bytes(frame[4:8], "big")
+    items = wire.decode_items(frame[12:], count)
+    assert wire.decode_request(items) == ("rdma-macvlan", env, stdin)
+
+
+def test_answer_frame_round_trips() -> None:
+    frame = wire.encode_answer(7, '{"code":7}', "log line\n")
+    items = wire.decode_items(frame[12:], int.from_bytes(frame[4:8], "big"))
+    assert wire.decode_answer(items) == (7, '{"code":7}', "log line\n")
+
+
+@pytest.mark.parametrize(
+    "body,count",
+    [
+        (b"\x00\x00\x00\x05abc", 1),  # item longer than the frame
+        (b"\x00\x00", 1),  # truncated length
+        (b"\x00\x00\x00\x01ab", 1),  # trailing bytes
+    ],
+)
+def test_malformed_frames_are_wire_errors(body: bytes, count: int) -> None:
+    with pytest.raises(wire.WireError):
+        wire.decode_items(body, count)
+
+
+def test_answer_with_non_numeric_code_is_a_wire_error() -> None:
+    with pytest.raises(wire.WireError):
+        wire.decode_answer([b"x", b"", b""])
