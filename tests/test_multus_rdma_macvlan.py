@@ -124,3 +124,47 @@ def test_failing_rdma_delegate_rolls_back_the_default_network(
     assert host_addresses(node) == HOST
     assert links(node.name) == NODE_LINKS
     assert not [p for p in (node.ipam_dir).rglob("*") if p.is_file() and p.name[0].isdigit()]
+
+
+def test_gc_tells_rdma_macvlan_which_of_its_attachments_live(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    """rdma-macvlan knows attachments as (container, net1); the runtime lists (container, eth0).
+
+    If rdma-multus forwarded the runtime's list untranslated, rdma-macvlan's GC would tear down the
+    live pod too.
+    """
+    uids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    for i, uid in enumerate(uids):
+        api.add_pod("default", f"p{i}", uid=uid, annotations={ANNOTATION: "tke-rdma-macvlan"},
+                    limits={RESOURCE: "1"})  # fmt: skip
+    conf = node.config(api.kubeconfig(tmp_path / "kc"), version="1.1.0")
+    pods = [node.pod_netns(), node.pod_netns()]
+    for i, pod in enumerate(pods):
+        code, result = node.run("ADD", conf, f"c{i}", pod, pod=f"p{i}", uid=uids[i])
+        assert code == 0, result
+    assert host_addresses(node) == {"bond0": [], "bond1": []}
+    gc = {**conf, "cni.dev/valid-attachments": [{"containerID": "c0", "ifname": "eth0"}]}
+    code, out = node.run("GC", gc, "", None, ifname="")
+    assert code == 0, out
+    assert links(pods[0]) == {"lo", "eth0", "bond0"}  # c0 took bond0 first and keeps it
+    assert links(pods[1]) == {"lo"}
+    assert host_addresses(node) == {"bond0": [], "bond1": ["198.51.100.130/28"]}
+    assert node.run("DEL", conf, "c0", pods[0], pod="p0")[0] == 0
+    assert host_addresses(node) == HOST
+
+
+def test_status_is_forwarded_to_the_default_network(node: Node, tmp_path: Path) -> None:
+    node.network("h5-status", {"plugins": [{
+        "type": "rdma-macvlan", "masters": ["no-such-bond"], "rdma": {"required": False},
+        "dataDir": str(tmp_path / "rm-state"), "runDir": str(tmp_path / "rm-run"),
+    }]}, version="1.1.0")  # fmt: skip
+    ok = node.config(None, version="1.1.0")
+    code, out = node.run("STATUS", ok, "", None, ifname="")
+    assert code == 0, out  # ptp's network is 1.0.0: STATUS is not a verb there, nothing to forward
+    bad = node.config(None, version="1.1.0", defaultDelegates="h5-status")
+    code, out = node.run("STATUS", bad, "", None, ifname="")
+    assert code != 0 and out["code"] in (50, 51) and "no-such-bond" in out["msg"], out
+    missing = node.config(None, version="1.1.0", defaultDelegates="h5-nowhere")
+    code, out = node.run("STATUS", missing, "", None, ifname="")
+    assert code != 0 and out["code"] == 50 and "h5-nowhere" in out["msg"], out

@@ -49,14 +49,14 @@ KNOWN_ARGS: frozenset[str] = frozenset()
 class Multus:
     def add(self, req: Request) -> Result:
         cfg = _config(req)
-        pod = PodView(req, cfg)
-        plan = AttachmentPlan(req.container_id, req.ifname, req.netns, pod.ref(), _plan(req, cfg, pod))
         store = PlanStore(cfg.cache_dir)
         if store.load(req.container_id, req.ifname) is not None:
             raise CniError(
                 TRY_AGAIN_LATER,
                 f"container {req.container_id} {req.ifname} is already set up by rdma-multus: DEL it first",
             )
+        pod = PodView(req, cfg)
+        plan = AttachmentPlan(req.container_id, req.ifname, req.netns, pod.ref(), _plan(req, cfg, pod))
         store.save(plan)  # before any delegate runs: DEL must be able to undo a half-done ADD
         runner = _runner(req, cfg)
         results: list[dict[str, Any]] = []
