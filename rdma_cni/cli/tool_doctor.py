@@ -1,0 +1,63 @@
+"""``cni-tool doctor``: check an RDMA node the way the seed's verification steps do, one line per
+check (OK/WARN/FAIL with the fix), exit code 1 when anything FAILs (usable as a readiness probe).
+"""
+
+from __future__ import annotations
+
+import click
+
+from rdma_cni.doctor.node import NodePaths
+
+
+def node_options(func: click.decorators.FC) -> click.decorators.FC:
+    """Where to look: shared by ``doctor`` and ``state``."""
+    options = [
+        click.option(
+            "--sysfs-root", default="/sys", show_default=True, help="where class/infiniband is read"
+        ),
+        click.option("--netns", default="", help="the node's netns as a path (default: the current one)"),
+        click.option("--cni-bin-dir", default="/opt/cni/bin", show_default=True),
+        click.option("--conf-dir", default="/etc/cni/net.d", show_default=True),
+        click.option("--kubelet-root-dir", default="/var/lib/kubelet", show_default=True),
+        click.option("--data-dir", default="", help="rdma-macvlan state (default: the installed config's)"),
+        click.option("--run-dir", default="", help="GID records (default: the installed config's)"),
+        click.option(
+            "--cache-dir",
+            "cache_dirs",
+            multiple=True,
+            help="libcni caches to find pod names in (default /var/lib/cni, /var/lib/cni/rdma-multus)",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def paths_from(opts: dict[str, object]) -> NodePaths:
+    """The click options of :func:`node_options` -> NodePaths."""
+    caches = opts.get("cache_dirs") or ()
+    results_dirs = tuple(str(c) for c in caches) if isinstance(caches, tuple | list) else ()
+    return NodePaths(
+        sysfs_root=str(opts["sysfs_root"]),
+        netns=str(opts["netns"]),
+        cni_bin_dir=str(opts["cni_bin_dir"]),
+        conf_dir=str(opts["conf_dir"]),
+        kubelet_root_dir=str(opts["kubelet_root_dir"]),
+        data_dir=str(opts["data_dir"]),
+        run_dir=str(opts["run_dir"]),
+        results_dirs=results_dirs or NodePaths.results_dirs,
+    )
+
+
+@click.command("doctor")
+@node_options
+@click.option("--json", "as_json", is_flag=True, help="print the findings as JSON")
+@click.pass_context
+def doctor(ctx: click.Context, /, as_json: bool, **opts: object) -> None:
+    """Check this node's RDMA prerequisites and the rdma-cni installation (exit 1 on any FAIL)."""
+    from rdma_cni.doctor.diagnose import diagnose
+    from rdma_cni.doctor.findings import exit_code, render_json, render_text
+
+    findings = diagnose(paths_from(opts))
+    click.echo(render_json(findings) if as_json else render_text(findings), nl=False)
+    ctx.exit(exit_code(findings))

@@ -1,0 +1,23 @@
+"""``cni-tool state``: which bonds are pinned to which container and pod, and what the host is
+missing right now (addresses pinned to a pod whose netns is gone, bonds that lost their IP).
+"""
+
+from __future__ import annotations
+
+import click
+
+from rdma_cni.cli.tool_doctor import node_options, paths_from
+
+
+@click.command("state")
+@node_options
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+@click.pass_context
+def state(ctx: click.Context, /, as_json: bool, **opts: object) -> None:
+    """Show pins (bond -> container/pod) and the addresses the host is missing (exit 1 if any)."""
+    from rdma_cni.doctor.inventory import inventory, render_inventory, render_inventory_json
+    from rdma_cni.doctor.node import observe
+
+    inv = inventory(observe(paths_from(opts)))
+    click.echo(render_inventory_json(inv) if as_json else render_inventory(inv), nl=False)
+    ctx.exit(1 if inv["missing"] or inv["unreadableState"] else 0)

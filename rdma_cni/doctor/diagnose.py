@@ -1,0 +1,28 @@
+"""Every check of ``cni-tool doctor``, in the order a person would go through them: installed files,
+then the kernel's RDMA setup, the bonds, the GIDs, the plugin's state, the kubelet.
+"""
+
+from __future__ import annotations
+
+from rdma_cni.doctor import host_checks, install_checks, rdma_checks, state_checks
+from rdma_cni.doctor.findings import Finding
+from rdma_cni.doctor.node import NodePaths, NodeSnapshot, observe
+
+CHECKS = (
+    install_checks.check_binaries,
+    install_checks.check_configs,
+    rdma_checks.check_netns_mode,
+    rdma_checks.check_devices,
+    host_checks.check_bonds,
+    rdma_checks.check_gids,
+    state_checks.check_state,
+    host_checks.check_topology_manager,
+)
+
+
+def run_checks(snap: NodeSnapshot) -> list[Finding]:
+    return [finding for check in CHECKS for finding in check(snap)]
+
+
+def diagnose(paths: NodePaths) -> list[Finding]:
+    return run_checks(observe(paths))

@@ -1,0 +1,148 @@
+"""Who holds what on this node, and what the host is missing right now (``cni-tool state``).
+
+An attachment (container, ifname) pins bonds; while its pod netns lives, the bonds' addresses are
+*lent* to it. When that netns is gone and no DEL came, the addresses are *missing* from the host
+until DEL or GC gives them back. The pod's namespace/name comes from the runtime's libcni result
+cache (its ``cniArgs``), the only place a CNI plugin sees it recorded.
+
+    inv = inventory(observe(NodePaths()))
+    print(render_inventory(inv))
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rdma_cni.doctor.node import NodeSnapshot
+from rdma_cni.state import AttachmentRecord
+
+
+def pod_names(results_dirs: tuple[str, ...], container_id: str) -> str:
+    """``namespace/name`` of the pod whose sandbox is ``container_id``, from any libcni cache."""
+    from rdma_cni.cni.cache import ResultCache
+
+    for d in results_dirs:
+        for entry in ResultCache(d).entries(container_id=container_id):
+            args = dict(entry.cni_args)
+            if args.get("K8S_POD_NAME"):
+                return f"{args.get('K8S_POD_NAMESPACE', '?')}/{args['K8S_POD_NAME']}"
+    return ""
+
+
+def _addresses(rec: AttachmentRecord, bond: str) -> list[str]:
+    from rdma_cni.net.addresses import cidr
+
+    return [cidr(a) for b in rec.bonds if b.bond == bond for a in b.addresses]
+
+
+def _attachment(snap: NodeSnapshot, rec: AttachmentRecord) -> dict[str, Any]:
+    alive = snap.netns_alive.get(rec.container_id, False)
+    return {
+        "containerId": rec.container_id,
+        "ifname": rec.ifname,
+        "pod": pod_names(snap.paths.results_dirs, rec.container_id),
+        "network": rec.network,
+        "netns": rec.netns,
+        "netnsAlive": alive,
+        "phase": rec.phase,
+        "bonds": [
+            {
+                "bond": b.bond,
+                "podIfname": b.pod_ifname,
+                "addresses": _addresses(rec, b.bond),
+                "rdma": b.rdma,
+            }
+            for b in rec.bonds
+        ],
+    }
+
+
+def _missing(snap: NodeSnapshot) -> list[dict[str, Any]]:
+    """Addresses a bond should have on the host now but does not."""
+    out = []
+    for rec in snap.attachments:
+        if snap.netns_alive.get(rec.container_id, False):
+            continue  # lent to a live pod: not missing
+        for b in rec.bonds:
+            live = set(snap.host_addrs.get(b.bond, []))
+            lost = [c for c in _addresses(rec, b.bond) if c not in live]
+            if lost:
+                why = f"pinned to container {rec.container_id} whose netns is gone; `cni-tool gc` restores it"
+                out.append({"bond": b.bond, "addresses": lost, "reason": why})
+    pinned = {b.bond for rec in snap.attachments for b in rec.bonds}
+    for netdev in sorted({p.netdev for p in snap.ports if p.netdev}):
+        if netdev in pinned or netdev not in snap.host_addrs:
+            continue
+        if not snap.host_addrs[netdev]:
+            last = _last_known(snap, netdev)
+            out.append(
+                {
+                    "bond": netdev,
+                    "addresses": [last] if last else [],
+                    "reason": "no IPv4 address and no attachment holds it",
+                }
+            )
+    return out
+
+
+def _last_known(snap: NodeSnapshot, netdev: str) -> str:
+    for port in snap.host_record.get("ports", []):
+        if isinstance(port, dict) and port.get("netdev") == netdev and port.get("ipv4"):
+            return str(port["ipv4"])
+    return ""
+
+
+def inventory(snap: NodeSnapshot) -> dict[str, Any]:
+    pins = {b.bond: rec.container_id for rec in snap.attachments for b in rec.bonds}
+    bonds = []
+    for netdev in sorted({p.netdev for p in snap.ports if p.netdev} | set(pins)):
+        port = next((p for p in snap.ports if p.netdev == netdev), None)
+        bonds.append(
+            {
+                "bond": netdev,
+                "rdmaDevice": f"{port.device}/{port.port}" if port else "",
+                "hostAddresses": snap.host_addrs.get(netdev, []),
+                "pinnedTo": pins.get(netdev, ""),
+            }
+        )
+    return {
+        "dataDir": snap.data_dir,
+        "bonds": bonds,
+        "attachments": [_attachment(snap, r) for r in snap.attachments],
+        "missing": _missing(snap),
+        "unreadableState": snap.unreadable_state,
+    }
+
+
+def render_inventory(inv: dict[str, Any]) -> str:
+    lines = ["BOND     RDMA           HOST ADDRESSES               PINNED TO"]
+    for b in inv["bonds"]:
+        addrs = ",".join(b["hostAddresses"]) or "-"
+        lines.append(f"{b['bond']:<8} {b['rdmaDevice'] or '-':<14} {addrs:<28} {b['pinnedTo'][:12] or '-'}")
+    lines.append("")
+    if not inv["attachments"]:
+        lines.append("no attachments: nothing is pinned")
+    for a in inv["attachments"]:
+        state = "netns alive" if a["netnsAlive"] else "NETNS GONE"
+        pod = a["pod"] or "pod unknown"
+        lines.append(
+            f"container {a['containerId']} ({pod}) {a['ifname']}: {a['phase']}, {state} {a['netns']}"
+        )
+        for b in a["bonds"]:
+            gid = ""
+            if isinstance(b["rdma"], dict) and b["rdma"].get("gidIndex") is not None:
+                gid = f", {b['rdma'].get('device', '?')} GID index {b['rdma']['gidIndex']}"
+            lines.append(f"  {b['bond']} -> {b['podIfname']}: {', '.join(b['addresses']) or '-'}{gid}")
+    lines.append("")
+    if not inv["missing"]:
+        lines.append("the host is missing nothing")
+    for m in inv["missing"]:
+        lines.append(f"MISSING {m['bond']}: {', '.join(m['addresses']) or '?'} ({m['reason']})")
+    for path in inv["unreadableState"]:
+        lines.append(f"UNREADABLE state file {path}: DEL cannot restore from it; inspect it by hand")
+    return "\n".join(lines) + "\n"
+
+
+def render_inventory_json(inv: dict[str, Any]) -> str:
+    return json.dumps(inv, indent=1) + "\n"

@@ -1,0 +1,68 @@
+"""Is the plugin's state consistent with the node: every pin held by a live pod netns, every state
+file readable, no GID record left behind by a pod that is gone.
+"""
+
+from __future__ import annotations
+
+from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
+from rdma_cni.doctor.node import NodeSnapshot
+from rdma_cni.state import PHASE_ADDING
+
+
+def check_state(snap: NodeSnapshot) -> list[Finding]:
+    out = []
+    for path in snap.unreadable_state:
+        out.append(
+            Finding(
+                "state",
+                FAIL,
+                f"{path} cannot be read: DEL cannot restore from it",
+                "if its pod is gone: give the bond its address back by hand, then remove the file",
+            )
+        )
+    for rec in snap.attachments:
+        bonds = ", ".join(b.bond for b in rec.bonds) or "no bond yet"
+        who = f"container {rec.container_id[:12]} ({rec.ifname})"
+        if not snap.netns_alive.get(rec.container_id, False):
+            out.append(
+                Finding(
+                    "state",
+                    FAIL,
+                    f"{who} pins {bonds} but its netns {rec.netns or '(none)'} is gone",
+                    "the runtime never sent DEL: `cni-tool gc` (or a CNI DEL for that container) "
+                    "gives the addresses back",
+                )
+            )
+        elif rec.phase == PHASE_ADDING:
+            out.append(
+                Finding(
+                    "state",
+                    WARN,
+                    f"{who} is still adding {bonds}",
+                    "a pod start is in progress; if it stays, the ADD crashed: DEL that container",
+                )
+            )
+        else:
+            out.append(Finding("state", OK, f"{who} holds {bonds}"))
+    out += _stale_gid_records(snap)
+    if not out:
+        out.append(Finding("state", OK, f"nothing pinned ({snap.data_dir})"))
+    return out
+
+
+def _stale_gid_records(snap: NodeSnapshot) -> list[Finding]:
+    from rdma_cni.rdma import records
+
+    known = {rec.container_id for rec in snap.attachments}
+    out = []
+    for cid, ifnames in records.list_pod_records(snap.run_dir).items():
+        if cid not in known:
+            out.append(
+                Finding(
+                    "state",
+                    WARN,
+                    f"GID record of container {cid[:12]} ({', '.join(ifnames)}) has no attachment",
+                    f"remove {records.gid_dir(snap.run_dir)}/{cid}",
+                )
+            )
+    return out
