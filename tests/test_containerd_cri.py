@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_multus_netns import ANNOTATION, CLEAN_NODE, Node, links, reachable
+from tests.test_multus_netns import ANNOTATION, CLEAN_NODE, RESOURCE, Node, addrs, links, reachable
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -257,19 +257,31 @@ def node(tmp_path: Path) -> Iterator[Node]:
         n.down()
 
 
-def test_containerd_runs_the_tke_networks_from_the_sandbox_annotation(node: Node, tmp_path: Path) -> None:
+def cri_network(node: Node, tmp_path: Path) -> Path:
+    """containerd's conf_dir: only the rdma-multus config, declaring the pod-annotations capability."""
     wrapper = node.bin_dir / "rdma-multus"
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m rdma_cni.cli.multus\n")
     wrapper.chmod(0o755)
     cri_conf = tmp_path / "cri-net.d"
     cri_conf.mkdir()
     multus_conf = node.config(None)
+    # Without this capability containerd (libcni) does not pass the annotations at all.
     multus_conf["capabilities"] = {"io.kubernetes.cri.pod-annotations": True, "portMappings": True}
     (cri_conf / "00-rdma-multus.conflist").write_text(json.dumps(
         {"cniVersion": "1.0.0", "name": "tke-multus", "plugins": [multus_conf]}))  # fmt: skip
+    return cri_conf
+
+
+def pod_links(pid: int) -> set[str]:
+    cmd = ["nsenter", "-t", str(pid), "-n", "ip", "-j", "link"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return {str(link["ifname"]) for link in json.loads(out)}
+
+
+def test_containerd_runs_the_tke_networks_from_the_sandbox_annotation(node: Node, tmp_path: Path) -> None:
+    cri_conf = cri_network(node, tmp_path)
     uid = str(uuid.uuid4())
     node.checkpoint(uid, ["0", "1"])
-
     ctd = Containerd(node)
     try:
         ctd.start(cri_conf)
@@ -278,10 +290,7 @@ def test_containerd_runs_the_tke_networks_from_the_sandbox_annotation(node: Node
         sid = cri.run_pod_sandbox("ibv-app-0", "default", uid, {ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
         state, ip, info = cri.sandbox_status(sid)
         assert state == 0 and ip.startswith("198.51.100.")  # the default network's address is the pod IP
-        pid = int(info["pid"])
-        pod_links = json.loads(subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-j", "link"],
-                                              check=True, capture_output=True, text=True).stdout)  # fmt: skip
-        assert {link["ifname"] for link in pod_links} == {"lo", "eth0", "net1"}
+        assert pod_links(int(info["pid"])) == {"lo", "eth0", "net1"}
         assert reachable(node.name, ip)  # the node reaches the pod over the default network
         (add,) = [c for c in node.delegate_calls() if c["cmd"] == "ADD"]
         assert add["ifname"] == "net1" and add["stdin"]["runtimeConfig"]["deviceIDs"] == ["0", "1"]
@@ -295,3 +304,41 @@ def test_containerd_runs_the_tke_networks_from_the_sandbox_annotation(node: Node
     finally:
         ctd.stop()
     assert links(node.name) == CLEAN_NODE["node_links"]
+
+
+def test_containerd_seed_pod_with_real_rdma_macvlan_moves_and_returns_the_bond_ips(
+    node: Node, tmp_path: Path
+) -> None:
+    node.add_bond("bond1", "198.51.100.130/28", "198.51.100.129/28")
+    wrapper = node.bin_dir / "rdma-macvlan"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m rdma_cni.cli.macvlan\n")
+    wrapper.chmod(0o755)
+    node.network("tke-rdma-macvlan", {"plugins": [{
+        "type": "rdma-macvlan", "masters": ["bond0", "bond1"], "resourceName": RESOURCE,
+        "rdma": {"required": False}, "dataDir": str(tmp_path / "rm-state"),
+        "runDir": str(tmp_path / "rm-run"), "logFile": str(tmp_path / "rdma-macvlan.log")}]})  # fmt: skip
+    cri_conf = cri_network(node, tmp_path)
+    uid = str(uuid.uuid4())
+    node.checkpoint(uid, ["0", "1"])
+    host = {"bond0": ["203.0.113.2/24"], "bond1": ["198.51.100.130/28"]}
+    ctd = Containerd(node)
+    try:
+        ctd.start(cri_conf)
+        cri = Cri(ctd.socket)
+        sid = cri.run_pod_sandbox("ibv-app-0", "default", uid, {ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
+        state, ip, info = cri.sandbox_status(sid)
+        assert state == 0 and ip.startswith("198.51.100.")
+        pid = int(info["pid"])
+        assert pod_links(pid) == {"lo", "eth0", "bond0", "bond1"}
+        assert {b: addrs(node.name, b) for b in host} == {"bond0": [], "bond1": []}
+        pod_addrs = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-4", "-o", "addr"], check=True,
+                                   capture_output=True, text=True).stdout  # fmt: skip
+        assert "203.0.113.2/24" in pod_addrs and "198.51.100.130/28" in pod_addrs
+
+        cri.stop_pod_sandbox(sid)
+        assert {b: addrs(node.name, b) for b in host} == host
+        cri.remove_pod_sandbox(sid)
+        assert {b: addrs(node.name, b) for b in host} == host
+        assert links(node.name) == {"lo", "bond0", "bond1"}
+    finally:
+        ctd.stop()
