@@ -17,6 +17,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -515,3 +516,37 @@ def test_runtime_annotations_and_an_unreachable_api_still_start_the_pod(
     assert links(pod) == {"lo", "eth0", "net1"}
     assert node.run("DEL", conf, "c1", pod)[0] == 0
     assert node.leftovers() == CLEAN_NODE
+
+
+def test_concurrent_pods_each_get_their_networks_and_the_token_is_never_logged(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc", auth="token"), logLevel="debug")
+    pods = [node.pod_netns() for _ in range(4)]
+
+    def run(command: str, i: int) -> subprocess.CompletedProcess[str]:
+        env = {
+            "PATH": os.environ["PATH"], "CNI_COMMAND": command, "CNI_CONTAINERID": f"c{i}",
+            "CNI_NETNS": f"/var/run/netns/{pods[i]}", "CNI_IFNAME": "eth0", "CNI_PATH": str(node.bin_dir),
+            "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=ibv-app-0",
+        }  # fmt: skip
+        cmd = ["ip", "netns", "exec", node.name, sys.executable, "-m", "rdma_cni.cli.multus"]
+        return subprocess.run(
+            cmd, input=json.dumps(conf), capture_output=True, text=True, env=env, timeout=120
+        )
+
+    for command in ("ADD", "DEL"):
+        with ThreadPoolExecutor(len(pods)) as pool:
+            done = list(pool.map(lambda i: run(command, i), range(len(pods))))  # noqa: B023
+        for proc in done:
+            assert proc.returncode == 0, (proc.stdout, proc.stderr)
+            assert api.token not in proc.stderr
+        if command == "ADD":
+            assert all(links(p) == {"lo", "eth0", "net1"} for p in pods)
+            net1 = sorted(addrs(p, "net1")[0] for p in pods)
+            assert len(set(net1)) == 4  # host-local gave each pod its own address
+    assert all(links(p) == {"lo"} for p in pods)
+    assert node.leftovers() == CLEAN_NODE
+    log_text = (node.root / "multus.log").read_text()
+    assert "delegate ADD tke-rdma-macvlan" in log_text and api.token not in log_text
