@@ -129,7 +129,21 @@ _IFNAME_HELP = "interface name in the netns (default: $CNI_IFNAME, else eth0)"
 def add(ctx: click.Context, network: str, netns: str, ifname: str | None) -> None:
     """Add NETWORK's interface to NETNS; print the result and cache it."""
     runtime, net, rt = _setup(ctx, network, netns, ifname)
-    result = _guard(lambda: runtime.add(net, rt), f"add {network}", hint=_del_hint(network, netns, rt))
+    _guard(lambda: runtime.validate(net, rt), f"add {network}")
+    from rdma_cni.cni.chain import ChainError
+    from rdma_cni.cni.errors import CniError
+
+    try:
+        result = runtime.add(net, rt)
+    except ChainError as err:
+        hint = _del_hint(network, netns, rt) if err.ran else ""
+        raise ToolError(f"add {network}: {err.msg} (CNI error code {err.code}){hint}") from err
+    except (CniError, OSError) as exc:  # every plugin succeeded, writing the cache did not
+        msg = exc.msg if isinstance(exc, CniError) else str(exc)
+        hint = _del_hint(network, netns, rt)
+        raise ToolError(
+            f"add {network}: the network was added but its result could not be cached: {msg}{hint}"
+        ) from exc
     click.echo(json.dumps(result, indent=4))
 
 

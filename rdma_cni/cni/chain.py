@@ -39,6 +39,14 @@ log = logging.getLogger(__name__)
 Executor = Callable[[str, str, Mapping[str, str], Mapping[str, Any]], "dict[str, Any] | None"]
 
 
+class ChainError(CniError):
+    """A chain step failed; ``ran`` plugins had been executed (the failing one included, if it ran)."""
+
+    def __init__(self, err: CniError, ran: int) -> None:
+        super().__init__(err.code, err.msg, err.details)
+        self.ran = ran
+
+
 @dataclass
 class RuntimeConf:
     """One attachment's runtime arguments (libcni's RuntimeConf)."""
@@ -75,17 +83,30 @@ class Runtime:
 
     # ---- verbs -------------------------------------------------------------------------------
 
-    def add(self, net: NetworkConfigList, rt: RuntimeConf) -> dict[str, Any]:
-        """ADD every plugin in order; cache and return the last result."""
+    @staticmethod
+    def validate(net: NetworkConfigList, rt: RuntimeConf) -> None:
+        """What libcni checks before an ADD runs anything: container ID, network name, ifname."""
         validate_container_id(rt.container_id)
         validate_network_name(net.name)
         validate_ifname(rt.ifname)
+
+    def add(self, net: NetworkConfigList, rt: RuntimeConf) -> dict[str, Any]:
+        """ADD every plugin in order; cache and return the last result."""
+        self.validate(net, rt)
         result: dict[str, Any] | None = None
-        for plugin in net.plugins:
+        for index, plugin in enumerate(net.plugins):
             stdin = conflist.plugin_stdin(net, plugin, result, rt.capability_args)
-            out = self._run(plugin, "ADD", rt, stdin)
+            try:
+                path = find_plugin(str(plugin.get("type", "")), self.plugin_dirs)
+            except CniError as err:
+                raise ChainError(err, ran=index) from err
+            try:
+                out = self._run(plugin, "ADD", rt, stdin, path)
+            except CniError as err:
+                raise ChainError(err, ran=index + 1) from err
             if out is None:
-                raise CniError(DELEGATE_FAILURE, f"{_describe(plugin)} failed (add): it printed no result")
+                silent = CniError(DELEGATE_FAILURE, f"{_describe(plugin)} failed (add): it printed no result")
+                raise ChainError(silent, ran=index + 1)
             result = out
         assert result is not None  # a list has at least one plugin
         self.cache.write(
@@ -180,9 +201,14 @@ class Runtime:
     # ---- execution ---------------------------------------------------------------------------
 
     def _run(
-        self, plugin: Mapping[str, Any], command: str, rt: RuntimeConf, stdin: Mapping[str, Any]
+        self,
+        plugin: Mapping[str, Any],
+        command: str,
+        rt: RuntimeConf,
+        stdin: Mapping[str, Any],
+        path: str = "",
     ) -> dict[str, Any] | None:
-        path = find_plugin(str(plugin.get("type", "")), self.plugin_dirs)
+        path = path or find_plugin(str(plugin.get("type", "")), self.plugin_dirs)
         env = dict(self.base_env)
         env.update(
             CNI_COMMAND=command,
