@@ -84,13 +84,14 @@ class MacvlanPlugin:
         )
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i))
-        state.put(rec)  # write-ahead: from here on a crash is repaired by DEL or GC
-        fp.hit("write-ahead")
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: state.put(rec),
                             mode=cfg.mode, mac=_requested_mac(req))
-        step = ["IPAM"]
+        state.put(rec)  # write-ahead: from here on a crash is repaired by DEL or GC
+        step = ["write-ahead"]
         current = rec.bonds[0].bond
         try:
+            fp.hit("write-ahead")
+            step[0] = "IPAM"
             if cfg.ipam is not None:
                 self._run_ipam(req, cfg, rec, ctx)
                 state.put(rec)

@@ -11,7 +11,8 @@ first (if the recorded netns is still there — checked by inode), then replays 
 routes and rules. DEL, GC, a failed ADD and a crashed ADD all end there.
 
 Test-only failpoints: ``RDMA_CNI_FAILPOINT=<step>`` (or ``<step>#<n>`` for the n-th time the step is
-reached, e.g. the second bond) makes the plugin SIGKILL itself right after that step. Steps, in order:
+reached, e.g. the second bond) makes the plugin SIGKILL itself right after that step; a ``:error``
+suffix raises an I/O error there instead (to test rollback). Steps, in order:
 ``locked``, ``write-ahead``, ``ipam-added``, ``link-created``, ``link-configured``,
 ``addresses-removed``, ``addresses-added``, ``link-up``, ``routes-added``, ``rdma-checked``,
 ``announced``, ``committed``; on DEL/GC: ``del-locked``, ``del-pod-cleaned``, ``del-host-restored``.
@@ -19,6 +20,7 @@ reached, e.g. the second bond) makes the plugin SIGKILL itself right after that 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -51,6 +53,8 @@ class Failpoints:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         spec = env.get("RDMA_CNI_FAILPOINT", "")
+        spec, _, action = spec.partition(":")
+        self.error = action == "error"
         step, _, nth = spec.partition("#")
         self.step = step
         self.nth = int(nth) if nth.isdigit() else 1
@@ -61,6 +65,9 @@ class Failpoints:
             return
         self.seen += 1
         if self.seen == self.nth:
+            if self.error:
+                log.warning("failpoint %s#%d: injected error", step, self.nth)
+                raise OSError(errno.EIO, f"injected failure at {step}")
             log.warning("failpoint %s#%d: SIGKILL", step, self.nth)
             os.kill(os.getpid(), signal.SIGKILL)
 
