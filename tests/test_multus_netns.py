@@ -550,3 +550,19 @@ def test_concurrent_pods_each_get_their_networks_and_the_token_is_never_logged(
     assert node.leftovers() == CLEAN_NODE
     log_text = (node.root / "multus.log").read_text()
     assert "delegate ADD tke-rdma-macvlan" in log_text and api.token not in log_text
+
+
+def test_del_with_an_unreadable_plan_recovers_from_the_result_caches(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    (plan,) = (node.cache_dir / "attachments").iterdir()
+    plan.write_text('{"containerID": "c1", "delegates": [tor')  # a disk fault, not something we write
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"}
+    assert node.leftovers() == CLEAN_NODE

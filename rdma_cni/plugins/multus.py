@@ -26,6 +26,7 @@ from rdma_cni.cni.errors import (
     CHECK_FAILED,
     INVALID_CONFIG,
     IO_FAILURE,
+    STATE_CORRUPT,
     STATUS_UNAVAILABLE,
     TRY_AGAIN_LATER,
     CniError,
@@ -77,7 +78,14 @@ class Multus:
     def delete(self, req: Request) -> None:
         cfg = _config(req)
         store = PlanStore(cfg.cache_dir)
-        plan = store.load(req.container_id, req.ifname)
+        try:
+            plan = store.load(req.container_id, req.ifname)
+        except CniError as err:
+            if err.code != STATE_CORRUPT:
+                raise
+            log.error("DEL %s %s: %s; recovering from the delegates' result caches", req.container_id,
+                      req.ifname, err.msg)  # fmt: skip
+            plan = _recover_plan(req, cfg)
         if plan is None:
             log.info(
                 "DEL %s %s: nothing recorded (never added or already deleted)", req.container_id, req.ifname
@@ -132,6 +140,29 @@ def _config(req: Request) -> MultusConfig:
     cfg = parse_config(req.config)
     rdma_log.configure(cfg.log_file, cfg.log_level)
     return cfg
+
+
+def _recover_plan(req: Request, cfg: MultusConfig) -> AttachmentPlan:
+    """A plan rebuilt from the libcni result caches of the delegates that finished ADD.
+
+    Only reached when the plan file itself is unreadable (atomic writes make that a disk fault):
+    each cache entry holds the network's config, interface name and arguments, which is what DEL
+    needs. A delegate that never finished ADD has no entry; its own DEL semantics cover it.
+    """
+    entries = list(ResultCache(cfg.cache_dir).entries(container_id=req.container_id))
+    delegates = [
+        Delegate(
+            network=e.network,
+            ifname=e.ifname,
+            config=e.config,
+            is_default=e.ifname == req.ifname,
+            cni_args=list(e.cni_args),
+            capability_args=dict(e.capability_args),
+        )
+        for e in entries
+    ]
+    delegates.sort(key=lambda d: not d.is_default)  # undone last-first: the default network goes last
+    return AttachmentPlan(req.container_id, req.ifname, req.netns, {}, delegates)
 
 
 def _runner(
