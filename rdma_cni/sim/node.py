@@ -1,0 +1,458 @@
+"""A simulated RDMA node: keeps a sysfs tree's GID tables in sync with live addresses.
+
+For kernels without RDMA (this CI): veth ends in a "node" netns stand in for ``bond0..bondN``, a tree
+built by :mod:`rdma_cni.sim.tree` stands in for ``/sys``, and this watcher applies the rules of
+:mod:`rdma_cni.sim.model` to what really happens on the links — the bonds' own addresses and those of
+macvlans on them, also after they moved into pod namespaces under ``pods_dir``.
+
+Ordering is what the GID index depends on, so changes are taken from ONE rtnetlink socket in the node
+netns that listens to every netns with an nsid (``NETLINK_LISTEN_ALL_NSID``): the kernel queues the
+events in the order they happened, across namespaces. Each pod netns found under ``pods_dir`` gets an
+nsid in the node netns for that. Pod namespaces are never held open (a held fd or socket would keep
+a deleted netns and its macvlan alive, unlike on a real node); a pod netns whose path disappears is
+treated as deleted, as the kernel does a few tens of ms after ``ip netns del``.
+
+Usage (in-process, deterministic: process() after each step)::
+
+    with SimNode(root, [SimBond("bond0", "mlx5_bond_0")], node_netns="/run/netns/h3-node",
+                 pods_dir="/run/netns", pods_prefix="h3-pod") as node:
+        ...; node.process()
+
+or as a daemon for the demo: ``python -m rdma_cni.sim.node --sysfs-root ... --bonds bond0:mlx5_bond_0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rdma_cni.net.netns import Netns, entered, netlink_in, open_netns
+from rdma_cni.rdma.sysfs import gid_for_ip
+from rdma_cni.sim import tree
+from rdma_cni.sim.model import RXE_TYPES, Owner, PortTable
+from rdma_cni.sim.tree import SimBond
+
+log = logging.getLogger(__name__)
+
+RTMGRP_LINK = 0x1
+RTMGRP_IPV4_IFADDR = 0x10
+RTMGRP_IPV6_IFADDR = 0x100
+SOL_NETLINK = 270
+NETLINK_LISTEN_ALL_NSID = 8
+RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_DELADDR = 16, 17, 20, 21
+NSID_UNSET = (None, -1, 0xFFFFFFFF)
+IFF_UP = 0x1
+UPPER_KINDS = frozenset({"macvlan", "macvtap", "vlan", "ipvlan"})
+
+
+@dataclass
+class PodNetns:
+    path: str
+    inode: int
+    nsid: int  # the pod netns's id in the node netns (what the events carry)
+
+
+def _kind(link: Any) -> str | None:
+    info = link.get_attr("IFLA_LINKINFO")
+    kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+    return str(kind) if kind is not None else None
+
+
+def _address(msg: Any) -> str | None:
+    ip = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
+    return str(ip) if ip else None
+
+
+class SimNode:
+    """The watcher. ``open()`` builds the tree and takes the first snapshot; ``process()`` applies
+    every queued kernel event in order and looks for new or deleted pod namespaces."""
+
+    def __init__(
+        self,
+        sysfs_root: str,
+        bonds: Sequence[SimBond],
+        node_netns: str | None = None,
+        pods_dir: str | None = None,
+        pods_prefix: str = "",
+        gid_slots: int = tree.RXE_GID_SLOTS,
+        gid_types: Sequence[str] = RXE_TYPES,
+        netns_mode: str = "shared",
+    ) -> None:
+        self.root = sysfs_root
+        self.bonds = {b.name: b for b in bonds}
+        self.node_path = node_netns
+        self.pods_dir = pods_dir
+        self.pods_prefix = pods_prefix
+        self.gid_slots = gid_slots
+        self.netns_mode = netns_mode
+        self.tables = {b.name: PortTable(b.device, 1, gid_slots, gid_types) for b in bonds}
+        self.owners: dict[Owner, tuple[str, str]] = {}  # owner -> (bond, its name in its netns)
+        self.up: dict[Owner, bool] = {}  # last seen IFF_UP of each owner
+        self.bond_index: dict[int, str] = {}  # ifindex in the node netns -> bond name
+        self.pods: dict[int, PodNetns] = {}
+        self.node: Netns | None = None
+        self.ipr: Any = None
+        self.sock: socket.socket | None = None
+
+    # --- life cycle -------------------------------------------------------------------------------
+    def open(self) -> SimNode:
+        self.node = open_netns(self.node_path or "/proc/self/ns/net")
+        self.ipr = netlink_in(self.node if self.node_path else None)
+        with entered(self.node):
+            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, 0)
+        self.sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+        self.sock.setsockopt(SOL_NETLINK, NETLINK_LISTEN_ALL_NSID, 1)
+        self._build()
+        self._refresh_links(None, with_addresses=True)
+        self.scan_pods()
+        return self
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.ipr is not None:
+            self.ipr.close()
+            self.ipr = None
+        if self.node is not None:
+            self.node.close()
+            self.node = None
+
+    def __enter__(self) -> SimNode:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        """The tree for the bonds as they are in the node netns (their real MACs and ifindexes)."""
+        live = {link.get_attr("IFLA_IFNAME"): link for link in self.ipr.get_links()}
+        bonds = []
+        for b in self.bonds.values():
+            link = live.get(b.name)
+            if link is not None:
+                b = replace(
+                    b, mac=link.get_attr("IFLA_ADDRESS"), ifindex=link["index"], mtu=link.get_attr("IFLA_MTU")
+                )
+            bonds.append(b)
+        self.bonds = {b.name: b for b in bonds}
+        tree.build_tree(self.root, bonds, self.gid_slots, self.netns_mode)
+        for b in bonds:  # build_tree wrote a default GID for every bond; the model starts empty
+            tree.clear_slot(self.root, b.device, 1, 0)
+
+    # --- writing ----------------------------------------------------------------------------------
+    def _write(self, bond: str, indexes: Sequence[int]) -> None:
+        table = self.tables[bond]
+        for i in indexes:
+            slot = table.slots[i]
+            if slot is None:
+                tree.clear_slot(self.root, table.device, table.port, i)
+            else:
+                name = self.owners.get(slot.owner, ("", ""))[1]
+                tree.write_slot(self.root, table.device, table.port, i, slot.gid, name, slot.type)
+
+    # --- links ------------------------------------------------------------------------------------
+    def _links(self, nsid: int | None) -> tuple[list[Any], int | None]:
+        """Links of a netns and the node's nsid as seen from it (None for the node itself)."""
+        if nsid is None:
+            return list(self.ipr.get_links()), None
+        pod = self.pods[nsid]
+        with open_netns(pod.path) as ns:
+            assert self.node is not None
+            ipr = netlink_in(ns)
+            try:
+                links = list(ipr.get_links())  # the dump allocates the node's nsid if a link needs it
+                seen = ipr.get_netnsid(fd=self.node.fd) or {}
+            finally:
+                ipr.close()
+        node_nsid = seen.get("nsid")
+        return links, None if node_nsid in NSID_UNSET else node_nsid
+
+    def _owners_in(
+        self, nsid: int | None, links: list[Any], node_nsid: int | None
+    ) -> dict[Owner, tuple[str, str]]:
+        found: dict[Owner, tuple[str, str]] = {}
+        for link in links:
+            name, index = link.get_attr("IFLA_IFNAME"), link["index"]
+            if nsid is None and name in self.bonds:
+                found[Owner(None, index)] = (name, name)
+                continue
+            lower = self.bond_index.get(link.get_attr("IFLA_LINK") or 0)
+            link_nsid = link.get_attr("IFLA_LINK_NETNSID")
+            same = link_nsid is None if nsid is None else (node_nsid is not None and link_nsid == node_nsid)
+            if lower and same and _kind(link) in UPPER_KINDS:
+                found[Owner(nsid, index)] = (lower, name)
+        return found
+
+    def _refresh_links(
+        self, nsid: int | None, with_addresses: bool = False, event: tuple[int, int] | None = None
+    ) -> None:
+        """Re-read one netns's links: new uppers, renames, deleted netdevs, bond MAC changes.
+
+        Addresses come from the event stream (its order is the kernel's); only a netns seen for the
+        first time is read whole (``with_addresses``), since its earlier events were not delivered.
+        A dump may be ahead of the event being applied, so up/down transitions are taken from the
+        event itself (``event`` = its ifindex and flags).
+        """
+        try:
+            links, node_nsid = self._links(nsid)
+        except OSError as e:  # the pod netns vanished under us: the scan drops it
+            log.debug("links of nsid %s unreadable: %s", nsid, e)
+            return
+        if nsid is None:
+            self.bond_index = {
+                link["index"]: link.get_attr("IFLA_IFNAME")
+                for link in links
+                if link.get_attr("IFLA_IFNAME") in self.bonds
+            }
+        found = self._owners_in(nsid, links, node_nsid)
+        fresh: list[tuple[Owner, str]] = []
+        came_up: list[tuple[Owner, str]] = []
+        flags = {link["index"]: link["flags"] for link in links}
+        for owner in [o for o in self.owners if o.nsid == nsid and o not in found]:
+            self._drop(owner)
+        for owner, (bond, name) in found.items():
+            old = self.owners.get(owner)
+            self.owners[owner] = (bond, name)
+            if old is not None and old[1] != name:  # renamed: ndevs/N shows the current name
+                self._write(bond, self.tables[bond].indexes_of(owner))
+            if old is None and with_addresses:
+                fresh.append((owner, bond))
+            if event is not None and event[0] == owner.ifindex:
+                up = bool(event[1] & IFF_UP)
+                if up and not self.up.get(owner, False) and not with_addresses:
+                    came_up.append((owner, bond))
+                self.up[owner] = up
+            elif old is None:
+                self.up[owner] = bool(flags.get(owner.ifindex, 0) & IFF_UP) if with_addresses else False
+        if nsid is None:  # the default GID follows the bond's MAC
+            for link in links:
+                name = link.get_attr("IFLA_IFNAME")
+                if name in self.bonds:
+                    gid = tree.default_gid(link.get_attr("IFLA_ADDRESS"))
+                    self._write(name, self.tables[name].set_default(gid, Owner(None, link["index"])))
+        for owner, bond in fresh:  # after the default GID, so the bond's own link-local is not doubled
+            self._add_existing(owner, bond)
+        for owner, bond in came_up:
+            # The kernel adds the link-local (tentative) inside the `ip link set up` call and the RoCE
+            # core takes its GID right then; its RTM_NEWADDR only follows after DAD, a second later.
+            self._add_existing(owner, bond, only_link_local=True)
+
+    def _addresses(self, owner: Owner) -> list[str]:
+        if owner.nsid is None:
+            addrs = list(self.ipr.get_addr(index=owner.ifindex))
+        else:
+            with open_netns(self.pods[owner.nsid].path) as ns:
+                ipr = netlink_in(ns)
+                try:
+                    addrs = list(ipr.get_addr(index=owner.ifindex))
+                finally:
+                    ipr.close()
+        return [ip for ip in map(_address, addrs) if ip]
+
+    def _add_existing(self, owner: Owner, bond: str, only_link_local: bool = False) -> None:
+        try:
+            ips = self._addresses(owner)
+        except OSError as e:
+            log.debug("addresses of %s unreadable: %s", owner, e)
+            return
+        for ip in ips:
+            if not only_link_local or ipaddress.ip_address(ip).is_link_local:
+                self._write(bond, self.tables[bond].add(gid_for_ip(ip), owner))
+
+    def _drop(self, owner: Owner) -> None:
+        bond, _ = self.owners.pop(owner)
+        self.up.pop(owner, None)
+        self._write(bond, self.tables[bond].drop_owner(owner))
+
+    # --- pod namespaces ---------------------------------------------------------------------------
+    def _nsid_of(self, ns: Netns) -> int | None:
+        got = self.ipr.get_netnsid(fd=ns.fd) or {}
+        if got.get("nsid") in NSID_UNSET:
+            self.ipr.set_netnsid(fd=ns.fd)
+            got = self.ipr.get_netnsid(fd=ns.fd) or {}
+        nsid = got.get("nsid")
+        return None if nsid in NSID_UNSET else int(nsid)
+
+    def scan_pods(self) -> None:
+        """Find new pod namespaces (read them whole) and forget deleted ones (drop their GIDs)."""
+        if not self.pods_dir:
+            return
+        try:
+            names = [n for n in os.listdir(self.pods_dir) if n.startswith(self.pods_prefix)]
+        except FileNotFoundError:
+            names = []
+        assert self.node is not None
+        live: dict[str, int] = {}
+        for name in names:
+            path = os.path.join(self.pods_dir, name)
+            try:
+                with open_netns(path) as ns:
+                    if ns.inode == self.node.inode:
+                        continue
+                    live[path] = ns.inode
+                    if any(p.path == path and p.inode == ns.inode for p in self.pods.values()):
+                        continue
+                    nsid = self._nsid_of(ns)
+            except Exception as e:  # noqa: BLE001 - a file being created/removed: next scan
+                log.debug("pod netns %s not usable yet: %s", path, e)
+                continue
+            if nsid is None:
+                continue
+            self.pods[nsid] = PodNetns(path, live[path], nsid)
+            self._refresh_links(nsid, with_addresses=True)
+        for nsid, pod in list(self.pods.items()):
+            if live.get(pod.path) != pod.inode:
+                for owner in [o for o in self.owners if o.nsid == nsid]:
+                    self._drop(owner)
+                del self.pods[nsid]
+
+    # --- events -----------------------------------------------------------------------------------
+    def _recv(self) -> Iterator[tuple[int | None, bytes]]:
+        assert self.sock is not None
+        while True:
+            try:
+                data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(4))
+            except BlockingIOError:
+                return
+            nsid = None
+            for level, ctype, cdata in anc:
+                if level == SOL_NETLINK and ctype == NETLINK_LISTEN_ALL_NSID:
+                    nsid = struct.unpack("=i", cdata[:4])[0]
+            off = 0
+            while off + 16 <= len(data):
+                length = struct.unpack_from("=I", data, off)[0]
+                if length < 16:
+                    break
+                yield nsid, data[off : off + length]
+                off += (length + 3) & ~3
+
+    def _apply(self, nsid: int | None, msg: bytes) -> None:
+        mtype = struct.unpack_from("=H", msg, 4)[0]
+        if nsid is not None and nsid not in self.pods:
+            self.scan_pods()  # an event from a netns we have not read yet: read it now
+            return
+        if mtype in (RTM_NEWLINK, RTM_DELLINK):
+            index, flags = struct.unpack_from(
+                "=iI", msg, 16 + 4
+            )  # ifinfomsg: family, pad, type, index, flags
+            self._refresh_links(nsid, event=(index, flags))
+        elif mtype in (RTM_NEWADDR, RTM_DELADDR):
+            from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+
+            parsed = ifaddrmsg(msg)
+            parsed.decode()
+            owner = Owner(nsid, parsed["index"])
+            ip = _address(parsed)
+            if owner not in self.owners or not ip:
+                return
+            bond = self.owners[owner][0]
+            table = self.tables[bond]
+            gid = gid_for_ip(ip)
+            self._write(bond, table.add(gid, owner) if mtype == RTM_NEWADDR else table.remove(gid, owner))
+
+    def process(self, timeout: float = 0.0) -> None:
+        """Wait up to ``timeout`` s for events, apply all queued ones in order, then scan pods."""
+        assert self.sock is not None
+        if timeout > 0:
+            select.select([self.sock], [], [], timeout)
+        for nsid, msg in self._recv():
+            self._apply(nsid, msg)
+        self.scan_pods()
+
+    def serve(self, stop: threading.Event, interval: float = 0.02) -> None:
+        while not stop.is_set():
+            self.process(interval)
+
+
+@contextlib.contextmanager
+def running(node: SimNode, interval: float = 0.02) -> Iterator[SimNode]:
+    """Run an opened node in a background thread (for tests that drive a separate plugin process)."""
+    stop = threading.Event()
+    with node:
+        t = threading.Thread(target=node.serve, args=(stop, interval), daemon=True)
+        t.start()
+        try:
+            yield node
+        finally:
+            stop.set()
+            t.join()
+
+
+def parse_bonds(spec: str) -> list[SimBond]:
+    """``bond0:mlx5_bond_0,bond1:mlx5_bond_1`` (or ``bond0,bond1`` -> ``mlx5_bond_<N>``)."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        name, _, device = item.partition(":")
+        out.append(SimBond(name, device or f"mlx5_bond_{name.removeprefix('bond')}"))
+    return out
+
+
+@contextlib.contextmanager
+def daemon(args: Sequence[str], timeout: float = 30.0) -> Iterator[int]:
+    """Start ``python -m rdma_cni.sim.node ARGS`` and yield its pid once ready; stop it by that pid."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rdma_cni.sim.node", *args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        line = proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            raise RuntimeError(f"simulated RDMA node did not start (rc={proc.poll()}, said {line!r})")
+        yield proc.pid
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rdma_cni.sim.node", description=__doc__.split("\n")[0])
+    p.add_argument("--sysfs-root", required=True)
+    p.add_argument("--bonds", required=True, help="bond0:mlx5_bond_0,bond1:mlx5_bond_1")
+    p.add_argument("--node-netns", default=None, help="netns path of the node (default: this one)")
+    p.add_argument("--pods-dir", default=None, help="directory of pod netns bind mounts (e.g. /run/netns)")
+    p.add_argument("--pods-prefix", default="")
+    p.add_argument("--gid-slots", type=int, default=tree.RXE_GID_SLOTS)
+    p.add_argument("--netns-mode", choices=("shared", "exclusive"), default="shared")
+    p.add_argument("--pidfile", default=None)
+    a = p.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    node = SimNode(
+        a.sysfs_root,
+        parse_bonds(a.bonds),
+        a.node_netns,
+        a.pods_dir,
+        a.pods_prefix,
+        a.gid_slots,
+        netns_mode=a.netns_mode,
+    )
+    with node:
+        if a.pidfile:
+            tree.put(a.pidfile, f"{os.getpid()}\n")
+        print("ready", flush=True)
+        node.serve(stop)
+    if a.pidfile:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(a.pidfile)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The simulated RDMA node against real links in real namespaces.
+
+Expected behaviour comes from the real kernel (``shared/lab/vm/FINDINGS.md``): the ordering variants
+V1/V3/V6/V7 must give the pod IP index 1/2/2/1, as Soft-RoCE did. Veth ends in a node netns stand in
+for bonds. Addresses: 198.51.100.0/24 only; every netns carries the prefix ``h3-`` and is deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from rdma_cni.rdma import gid, sysfs
+from rdma_cni.sim.model import MLX5_TYPES, table_snapshot
+from rdma_cni.sim.node import SimNode, daemon
+from rdma_cni.sim.tree import SimBond
+
+pytestmark = pytest.mark.netns
+
+HOST_IP = "198.51.100.10"
+HOST_IP1 = "198.51.100.11"
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@dataclass
+class Lab:
+    tag: str
+    node: str
+    root: str
+    pods: list[str] = field(default_factory=list)
+
+    @property
+    def node_path(self) -> str:
+        return f"/run/netns/{self.node}"
+
+    @property
+    def pod_prefix(self) -> str:
+        return f"h3-pod-{self.tag}-"
+
+    def pod(self, n: int) -> str:
+        name = f"{self.pod_prefix}{n}"
+        ip("netns", "add", name)
+        self.pods.append(name)
+        return name
+
+    def macvlan(self, pod: str, bond: str = "bond0", name: str = "net1") -> None:
+        """Created directly in the pod netns with a temporary name, then renamed (as the plugin does)."""
+        ip(
+            "-n",
+            self.node,
+            "link",
+            "add",
+            "link",
+            bond,
+            "name",
+            "mvtmp",
+            "netns",
+            pod,
+            "type",
+            "macvlan",
+            "mode",
+            "bridge",
+        )
+        ip("-n", pod, "link", "set", "mvtmp", "name", name)
+
+    def sim(self, bonds: int = 1, **kw: object) -> SimNode:
+        devs = [SimBond(f"bond{i}", f"mlx5_bond_{i}") for i in range(bonds)]
+        return SimNode(self.root, devs, self.node_path, "/run/netns", self.pod_prefix, gid_slots=16, **kw)  # type: ignore[arg-type]
+
+    def index(self, addr: str, dev: str = "mlx5_bond_0", ndev: str | None = None) -> int | None:
+        return sysfs.roce_v2_index(self.root, dev, 1, addr, ndev)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    tag = f"{os.getpid()}{uuid.uuid4().hex[:4]}"
+    node = f"h3-node-{tag}"
+    lab = Lab(tag, node, str(tmp_path / "sys"))
+    ip("netns", "add", node)
+    try:
+        for i, addr in ((0, HOST_IP), (1, HOST_IP1)):
+            ip("-n", node, "link", "add", f"bond{i}", "type", "veth", "peer", "name", f"peer{i}")
+            ip("-n", node, "link", "set", f"peer{i}", "up")
+            ip("-n", node, "link", "set", f"bond{i}", "up")
+            ip("-n", node, "addr", "add", f"{addr}/24", "dev", f"bond{i}")
+        yield lab
+    finally:
+        for p in lab.pods:
+            subprocess.run(["ip", "netns", "del", p], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", node], check=False, capture_output=True)
+
+
+def test_tree_starts_like_the_captured_host_state(lab: Lab) -> None:
+    """Slot 0: the bond's default GID (= its link-local), slot 1: the bond's IPv4, ndev bond0."""
+    with lab.sim(bonds=2) as node:
+        node.process()
+        snap = table_snapshot(lab.root)
+    assert list(snap) == ["mlx5_bond_0/1", "mlx5_bond_1/1"]
+    rows = snap["mlx5_bond_0/1"]
+    assert [(r["index"], r["type"], r["ndev"]) for r in rows] == [
+        (0, "RoCE v2", "bond0"),
+        (1, "RoCE v2", "bond0"),
+    ]
+    assert rows[0]["gid"].startswith("fe80::") and rows[1]["gid"] == f"::ffff:{HOST_IP}"
+    assert lab.index(HOST_IP1, "mlx5_bond_1") == 1
+    port = sysfs.port_for_netdev(lab.root, "bond1")
+    assert port is not None and (port.device, port.uverbs) == ("mlx5_bond_1", "uverbs1")
+
+
+def test_v1_del_host_then_add_pod_then_up_keeps_index_1(lab: Lab) -> None:
+    with lab.sim() as node:
+        pod = lab.pod(1)
+        lab.macvlan(pod)
+        node.process()
+        ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+        node.process()
+        assert lab.index(HOST_IP) is None
+        ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")  # link still down
+        node.process()
+        assert lab.index(HOST_IP, ndev="net1") == 1
+        ip("-n", pod, "link", "set", "net1", "up")
+        node.process()
+        entries = sysfs.read_gids(lab.root, "mlx5_bond_0", 1)
+    assert lab.index(HOST_IP) == 1
+    assert [(e.index, e.ndev) for e in entries] == [(0, "bond0"), (1, "net1"), (2, "net1")]
+    assert entries[2].gid.startswith("fe80::")  # the pod's link-local took the next slot
+
+
+def test_v3_add_pod_before_del_host_gives_index_2(lab: Lab) -> None:
+    with lab.sim() as node:
+        pod = lab.pod(1)
+        lab.macvlan(pod)
+        node.process()
+        ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")
+        node.process()
+        # the GID is duplicated: [1] ndev=bond0, [2] ndev=net1
+        assert (lab.index(HOST_IP, ndev="bond0"), lab.index(HOST_IP, ndev="net1")) == (1, 2)
+        ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+        ip("-n", pod, "link", "set", "net1", "up")
+        node.process()  # both events queued: applied in kernel order, the link-local takes the freed 1
+    assert lab.index(HOST_IP) == 2
+    assert [e.gid.startswith("fe80::") for e in sysfs.read_gids(lab.root, "mlx5_bond_0", 1)] == [
+        True,
+        True,
+        False,
+    ]
+
+
+@pytest.mark.parametrize(("addrgenmode", "expected"), [("eui64", 2), ("none", 1)])
+def test_v6_up_before_add_lets_the_link_local_take_the_slot_unless_addrgenmode_none(
+    lab: Lab, addrgenmode: str, expected: int
+) -> None:
+    with lab.sim() as node:
+        pod = lab.pod(1)
+        node.process()  # the daemon finds a new pod netns within one poll (20 ms)
+        lab.macvlan(pod)
+        ip("-n", pod, "link", "set", "net1", "addrgenmode", addrgenmode)
+        ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+        ip("-n", pod, "link", "set", "net1", "up")
+        ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")
+        node.process()
+    assert lab.index(HOST_IP) == expected
+
+
+def test_two_pods_on_two_bonds_both_get_index_1_and_netns_delete_frees_the_slot(lab: Lab) -> None:
+    with lab.sim(bonds=2) as node:
+        pods = [lab.pod(0), lab.pod(1)]
+        node.process()
+        for i, (pod, addr) in enumerate(zip(pods, (HOST_IP, HOST_IP1), strict=True)):
+            lab.macvlan(pod, f"bond{i}", f"bond{i}")  # podIfName=master: same name inside the pod
+            ip("-n", pod, "link", "set", f"bond{i}", "addrgenmode", "none")
+            ip("-n", lab.node, "addr", "del", f"{addr}/24", "dev", f"bond{i}")
+            ip("-n", pod, "addr", "add", f"{addr}/24", "dev", f"bond{i}")
+            ip("-n", pod, "link", "set", f"bond{i}", "up")
+        node.process()
+        assert (lab.index(HOST_IP), lab.index(HOST_IP1, "mlx5_bond_1")) == (1, 1)
+        ip("netns", "del", pods[0])
+        lab.pods.remove(pods[0])
+        node.process()
+        assert lab.index(HOST_IP) is None  # the macvlan and its IP went with the netns
+        ip("-n", lab.node, "addr", "add", f"{HOST_IP}/24", "dev", "bond0")
+        node.process()
+        assert lab.index(HOST_IP, ndev="bond0") == 1  # DEL after the netns was gone: back at 1
+        assert lab.index(HOST_IP1, "mlx5_bond_1", ndev="bond1") == 1  # the other pod is untouched
+
+
+def test_rename_in_the_pod_updates_ndev(lab: Lab) -> None:
+    with lab.sim() as node:
+        pod = lab.pod(1)
+        lab.macvlan(pod)
+        ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+        ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")
+        node.process()
+        ip("-n", pod, "link", "set", "net1", "name", "rdma0")
+        node.process()
+    entry = sysfs.find_gid(lab.root, "mlx5_bond_0", 1, HOST_IP)
+    assert entry is not None and (entry.index, entry.ndev) == (1, "rdma0")
+
+
+def test_deleting_the_primary_takes_its_secondary_along(lab: Lab) -> None:
+    with lab.sim() as node:
+        ip("-n", lab.node, "addr", "add", "198.51.100.20/24", "dev", "bond0")
+        node.process()
+        assert lab.index("198.51.100.20") == 2
+        ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")  # promote_secondaries=0
+        node.process()
+    assert (lab.index(HOST_IP), lab.index("198.51.100.20")) == (None, None)
+
+
+def test_a_netns_found_late_is_read_whole(lab: Lab) -> None:
+    pod = lab.pod(1)
+    lab.macvlan(pod)
+    ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+    ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")
+    with lab.sim() as node:
+        node.process()
+    assert lab.index(HOST_IP, ndev="net1") == 1
+
+
+def test_mlx5_layout_puts_the_ipv4_roce_v2_gid_at_3(lab: Lab) -> None:
+    with lab.sim(gid_types=MLX5_TYPES) as node:
+        node.process()
+    rows = table_snapshot(lab.root)["mlx5_bond_0/1"]
+    assert [(r["index"], r["type"]) for r in rows] == [
+        (0, "RoCE v1"),
+        (1, "RoCE v2"),
+        (2, "RoCE v1"),
+        (3, "RoCE v2"),
+    ]
+    assert lab.index(HOST_IP) == 3
+
+
+def test_daemon_process_follows_a_move_and_stops_by_pid(lab: Lab) -> None:
+    pidfile = os.path.join(os.path.dirname(lab.root), "sim.pid")
+    args = ["--sysfs-root", lab.root, "--bonds", "bond0:mlx5_bond_0", "--node-netns", lab.node_path]
+    args += [
+        "--pods-dir",
+        "/run/netns",
+        "--pods-prefix",
+        lab.pod_prefix,
+        "--gid-slots",
+        "16",
+        "--pidfile",
+        pidfile,
+    ]
+    pod = lab.pod(1)
+    with daemon(args) as pid:
+        assert Path(pidfile).read_text().strip() == str(pid)
+        assert gid.wait_for_gid(lab.root, "mlx5_bond_0", 1, HOST_IP, 5000).index == 1
+        lab.macvlan(pod)
+        ip("-n", pod, "link", "set", "net1", "addrgenmode", "none")
+        ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+        ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")
+        ip("-n", pod, "link", "set", "net1", "up")
+        entry = gid.wait_for_gid(lab.root, "mlx5_bond_0", 1, HOST_IP, 5000, ndev="net1")
+        assert entry.index == 1
+    assert not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/status").read_text().find("zombie") >= 0
+    assert not os.path.exists(pidfile)
