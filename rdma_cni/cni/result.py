@@ -154,7 +154,7 @@ def parse(data: Any, what: str = "prevResult") -> Result:
             interfaces=[_parse_interface(i) for i in _list(data, "interfaces")],
             ips=[_parse_ip(i) for i in _list(data, "ips")],
             routes=[_parse_route(r) for r in _list(data, "routes")],
-            dns=_parse_dns(data.get("dns") or {}),
+            dns=_parse_dns({} if data.get("dns") is None else data["dns"]),
         )
     except (TypeError, ValueError, KeyError) as exc:
         raise CniError(INVALID_CONFIG, f"{what} is not a valid CNI result: {exc}") from exc
