@@ -136,6 +136,14 @@ def test_real_kernel_keeps_gid_index_when_address_moves_to_pod_and_back(vm: VmRu
         assert facts[name]["steps"], f"{name}: no GID tables recorded"
 
 
+def test_gid_model_of_the_netns_tests_matches_the_real_kernel(vm: VmRun) -> None:
+    """rdma_cni.sim stands in for the kernel in every netns test; here it watched the same moves."""
+    reason = vm.skipped("model")
+    if reason:
+        pytest.skip(f"model comparison not run in the guest: {reason}")
+    vm.assert_checks_pass("model")
+
+
 def test_plugin_add_keeps_host_gid_index_and_del_gives_addresses_back(vm: VmRun) -> None:
     reason = vm.skipped("plugin")
     if reason:
