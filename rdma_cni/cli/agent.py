@@ -1,6 +1,6 @@
 """``rdma-agent``: the node daemon that answers CNI calls warm (see :mod:`rdma_cni.agent`).
 
-    rdma-agent [--socket /run/rdma-cni/agent.sock] [--reconcile-interval 60] [--conf FILE ...]
+rdma-agent [--socket /run/rdma-cni/agent.sock] [--reconcile-interval 60] [--conf FILE ...]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "default: every one in --conf-dir",
     )
     ap.add_argument("--conf-dir", default="/etc/cni/net.d")
+    ap.add_argument("--cni-path", default="/opt/cni/bin", help="CNI_PATH for the DELs reconcile runs (IPAM)")
     ap.add_argument(
         "--plugin",
         action="append",
@@ -71,7 +72,10 @@ def main(argv: list[str] | None = None) -> None:
             if not sep or ":" not in target:
                 sys.exit(f"rdma-agent: --plugin {item!r}: expected NAME=MODULE:ATTR")
             targets[name] = target
+    from rdma_cni.agent.reconcile import Reconciler
+
     agent = Agent(AgentConfig(args.socket, args.reconcile_interval, args.max_workers, targets))
+    agent.reconcile = Reconciler(agent.registry, args.conf, args.conf_dir, args.cni_path).run
     served = agent.warm_up()
     try:
         agent.bind()
