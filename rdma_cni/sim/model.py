@@ -24,6 +24,10 @@ Usage::
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
+import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,3 +134,38 @@ def table_snapshot(sysfs_root: str, devices: Sequence[str] | None = None) -> dic
             for e in sysfs.read_gids(sysfs_root, p.device, p.port)
         ]
     return out
+
+
+def _kind(gid: str) -> str:
+    addr = ipaddress.IPv6Address(gid)
+    if addr.ipv4_mapped is not None:
+        return f"ipv4 {addr.ipv4_mapped}"
+    return "ipv6 link-local" if addr.is_link_local else f"ipv6 {addr.compressed}"
+
+
+def comparable(snapshot: dict[str, list[dict[str, Any]]]) -> dict[str, list[tuple[int, str, str, str]]]:
+    """A snapshot without what differs between machines (link-local GIDs come from random MACs):
+    ``(index, "ipv4 198.51.100.10" | "ipv6 link-local" | "ipv6 <addr>", type, ndev)`` per entry."""
+    return {
+        port: [(e["index"], _kind(e["gid"]), e["type"], e["ndev"]) for e in rows]
+        for port, rows in snapshot.items()
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rdma_cni.sim.model --sysfs-root /sys [--comparable]``: the GID tables as JSON."""
+    p = argparse.ArgumentParser(
+        prog="python -m rdma_cni.sim.model", description="dump RoCE GID tables as JSON"
+    )
+    p.add_argument("--sysfs-root", default="/sys")
+    p.add_argument("--comparable", action="store_true", help="drop machine-specific link-local values")
+    p.add_argument("devices", nargs="*")
+    a = p.parse_args(argv)
+    snap = table_snapshot(a.sysfs_root, a.devices or None)
+    json.dump(comparable(snap) if a.comparable else snap, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
