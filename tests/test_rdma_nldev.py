@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import socket
 import struct
@@ -252,3 +253,18 @@ def test_socket_refused_here_falls_back_to_the_rdma_tool() -> None:
     with pytest.raises(nldev.NldevError) as err:
         nldev.system_netns_mode()
     assert "rdma system show" in str(err.value) or "not installed" in str(err.value)
+
+
+def test_device_move_without_rdma_netlink_fails_through_the_tool_with_its_message() -> None:
+    if Path("/sys/module/ib_core").exists():
+        pytest.skip("this kernel has ib_core")
+    fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        with pytest.raises(nldev.NldevError) as e:
+            nldev.set_device_netns("mlx5_bond_0", fd)
+        assert "rdma dev set mlx5_bond_0 netns /proc/" in str(e.value)
+        with pytest.raises(OSError) as e2:  # from a pod netns there is no tool fallback
+            nldev.set_device_netns("mlx5_bond_0", fd, from_netns_fd=fd)
+        assert e2.value.errno == errno.EPROTONOSUPPORT
+    finally:
+        os.close(fd)

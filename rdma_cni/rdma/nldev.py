@@ -325,7 +325,7 @@ class NldevSocket:
 
 # --- the `rdma` tool, used only where the kernel refuses the socket ---------------------------------
 
-REFUSED = (errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT, errno.ENOENT)
+REFUSED = (errno.EPROTONOSUPPORT, errno.EAFNOSUPPORT)
 
 
 def _rdma_tool(*args: str) -> str:
@@ -398,17 +398,31 @@ def list_devices() -> list[Device]:
     return out
 
 
-def set_device_netns(device: str, netns_fd: int) -> None:
-    """Move RDMA ``device`` into the netns of ``netns_fd`` (exclusive mode; rxe answers EOPNOTSUPP)."""
+def _socket_in(netns_fd: int | None) -> NldevSocket:
+    """An nldev socket bound to the netns of ``netns_fd`` (in exclusive mode a device moved into a
+    pod is only visible, and can only be sent back, from inside that pod's netns)."""
+    if netns_fd is None:
+        return NldevSocket()
+    from rdma_cni.net.netns import Netns, entered
+
+    with entered(Netns("", netns_fd, 0)):
+        return NldevSocket()
+
+
+def set_device_netns(device: str, netns_fd: int, from_netns_fd: int | None = None) -> None:
+    """Move RDMA ``device`` into the netns of ``netns_fd`` (exclusive mode; rxe answers EOPNOTSUPP).
+
+    ``from_netns_fd``: the netns the device is in now (a pod's, when giving it back to the host).
+    """
     try:
-        with NldevSocket() as nl:
+        with _socket_in(from_netns_fd) as nl:
             for dev in nl.devices():
                 if dev.name == device:
                     nl.set_device_netns(dev.index, netns_fd)
                     return
         raise NldevError(errno.ENODEV, f"no RDMA device {device}")
     except OSError as e:
-        if e.errno not in REFUSED:
+        if e.errno not in REFUSED or from_netns_fd is not None:
             raise
     # iproute2 opens a netns argument containing '/' as a path: hand it our fd through /proc.
     _rdma_tool("dev", "set", device, "netns", f"/proc/{os.getpid()}/fd/{netns_fd}")
