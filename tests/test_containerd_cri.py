@@ -29,7 +29,7 @@ import pytest
 
 from tests.test_multus_netns import ANNOTATION, CLEAN_NODE, RESOURCE, Node, addrs, links, reachable
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+pytestmark = pytest.mark.netns
 
 grpc = pytest.importorskip("grpc")
 if not shutil.which("containerd") or not shutil.which("runc") or not os.path.exists("/bin/busybox"):

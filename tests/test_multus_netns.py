@@ -566,3 +566,39 @@ def test_del_with_an_unreadable_plan_recovers_from_the_result_caches(
     assert code == 0, out
     assert links(pod) == {"lo"}
     assert node.leftovers() == CLEAN_NODE
+
+
+def test_rollback_keeps_what_would_not_delete_for_the_runtimes_del(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    """ADD fails at the 2nd network and the 1st refuses DEL: the plan keeps the 1st, DEL retries it."""
+    flag = tmp_path / "refuse-del"
+    flaky = node.bin_dir / "flaky-ptp"
+    flaky.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$CNI_COMMAND" = DEL ] && [ -e {flag} ]; then\n'
+        '  echo \'{"cniVersion":"1.0.0","code":11,"msg":"busy, try again"}\'; exit 1\n'
+        "fi\n"
+        f"exec {REF / 'ptp'}\n"
+    )
+    flaky.chmod(0o755)
+    node.network("h5-flaky", {"plugins": [{
+        "type": "flaky-ptp", "ipMasq": False,
+        "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir),
+                 "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-broken"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
+    pod = node.pod_netns()
+    flag.touch()
+    code, err = node.run("ADD", conf, "c1", pod)
+    assert code != 0 and "h5-broken" in err["msg"]
+    assert links(pod) == {"lo", "eth0"}  # h5-flaky refused to go
+    plan = json.loads((node.cache_dir / "attachments" / "c1-eth0.json").read_text())
+    assert [d["network"] for d in plan["delegates"]] == ["h5-flaky"]
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code != 0 and out["code"] == 11  # still refusing: the runtime will retry
+    flag.unlink()
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"}
+    assert node.leftovers() == CLEAN_NODE

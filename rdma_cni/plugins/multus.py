@@ -43,9 +43,6 @@ from rdma_cni.plugins.multus_pod import PodView
 
 log = logging.getLogger("rdma_cni.multus")
 
-# CNI_ARGS keys rdma-multus reads beyond the standard Kubernetes ones.
-KNOWN_ARGS: frozenset[str] = frozenset()
-
 
 class Multus:
     def add(self, req: Request) -> Result:
@@ -69,8 +66,7 @@ class Multus:
                 log.error(
                     "ADD of network %s (%s) failed: %s; undoing", delegate.network, delegate.ifname, err.msg
                 )
-                _undo(runner, plan.delegates[: index + 1])
-                store.remove(req.container_id, req.ifname)
+                _rollback(store, runner, plan, index)
                 msg = f"network {delegate.network} ({delegate.ifname}): {err.msg}"
                 raise CniError(err.code, msg, err.details) from exc
         return _merge(plan.delegates, results)
@@ -176,6 +172,22 @@ def _runner(
         base_env=req.env,
         timeout=cfg.delegate_timeout,
     )
+
+
+def _rollback(store: PlanStore, runner: DelegateRunner, plan: AttachmentPlan, failed: int) -> None:
+    """Undo a failed ADD: DEL the failed delegate and every one added before it, last-first.
+
+    The failed delegate's own DEL may fail too (its config may be what is broken); that must not
+    pin the pod forever. A delegate that had been added and will not DEL stays in the plan, so the
+    DEL the runtime sends after a failed ADD tries it again.
+    """
+    _undo(runner, [plan.delegates[failed]])
+    stuck = [d for d in reversed(plan.delegates[:failed]) if _undo(runner, [d])][::-1]
+    if stuck:
+        plan.delegates = stuck
+        store.save(plan)
+    else:
+        store.remove(plan.container_id, plan.ifname)
 
 
 def _undo(runner: DelegateRunner, delegates: Sequence[Delegate]) -> list[CniError]:
