@@ -161,3 +161,31 @@ def test_gid_for_ip_maps_ipv4_and_keeps_ipv6() -> None:
     assert sysfs.gid_text(sysfs.gid_for_ip("198.51.100.10")) == "::ffff:198.51.100.10"
     assert sysfs.gid_for_ip("198.51.100.10").hex().endswith("ffffc633640a")
     assert sysfs.gid_text(sysfs.gid_for_ip("fe80::1")) == "fe80::1"
+
+
+def test_port_for_netdev_through_a_bond_slave_when_no_gid_names_the_bond(tmp_path: Path) -> None:
+    """No GID table entry yet (bond without addresses): ``class/net/bond0/lower_*/device/infiniband``."""
+    root = tmp_path / "sys"
+    pci = root / "devices/pci0000:00/0000:3b:00.0"
+    dev = pci / "infiniband/mlx5_bond_0"
+    (dev / "ports/1/gids").mkdir(parents=True)
+    (dev / "ports/1/link_layer").write_text("Ethernet\n")
+    (dev / "ports/1/state").write_text("1: DOWN\n")
+    (root / "class/infiniband").mkdir(parents=True)
+    (root / "class/infiniband/mlx5_bond_0").symlink_to(os.path.relpath(dev, root / "class/infiniband"))
+    (pci / "net/ens1f0np0").mkdir(parents=True)
+    (pci / "net/ens1f0np0/device").symlink_to("../..")
+    (root / "devices/virtual/net/bond0").mkdir(parents=True)
+    (root / "devices/virtual/net/bond0/lower_ens1f0np0").symlink_to(
+        os.path.relpath(pci / "net/ens1f0np0", root / "devices/virtual/net/bond0")
+    )
+    (root / "class/net").mkdir(parents=True)
+    (root / "class/net/bond0").symlink_to("../../devices/virtual/net/bond0")
+    port = sysfs.port_for_netdev(str(root), "bond0")
+    assert port is not None and (port.device, port.port, port.netdev, port.state) == (
+        "mlx5_bond_0",
+        1,
+        "bond0",
+        "DOWN",
+    )
+    assert sysfs.port_for_netdev(str(root), "bond1") is None

@@ -265,3 +265,29 @@ def test_daemon_process_follows_a_move_and_stops_by_pid(lab: Lab) -> None:
         assert entry.index == 1
     assert not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/status").read_text().find("zombie") >= 0
     assert not os.path.exists(pidfile)
+
+
+def test_the_watcher_never_keeps_a_deleted_pod_netns_alive(lab: Lab) -> None:
+    """A held fd or socket would keep the netns (and its macvlan, and its GID) alive after
+    ``ip netns del``, unlike on a real node. A veth pair across node and pod shows whether the pod
+    netns really died: its node end vanishes with it."""
+    with lab.sim() as node:
+        pod = lab.pod(1)
+        node.process()
+        lab.macvlan(pod)
+        ip("-n", lab.node, "link", "add", "probe", "type", "veth", "peer", "name", "probe", "netns", pod)
+        ip("-n", pod, "addr", "add", "198.51.100.50/24", "dev", "net1")
+        node.process()
+        assert lab.index("198.51.100.50") == 2
+        ip("netns", "del", pod)
+        lab.pods.remove(pod)
+        node.process()
+        assert lab.index("198.51.100.50") is None
+        for _ in range(200):
+            node.process(0.01)
+            links = subprocess.run(
+                ["ip", "-n", lab.node, "-o", "link"], capture_output=True, text=True
+            ).stdout
+            if "probe" not in links:
+                break
+        assert "probe" not in links
