@@ -117,3 +117,17 @@ def test_checkpoint_absent_is_empty_and_corrupt_is_an_error(tmp_path: Path) -> N
     with pytest.raises(CniError) as exc:
         device_ids(str(tmp_path), "u1", "r")
     assert exc.value.code == STATE_CORRUPT and str(path) in exc.value.msg
+
+
+def test_exec_credentials_are_refused_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "kc"
+    path.write_text(
+        "clusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n"
+        "contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n"
+        "current-context: x\n"
+        "users:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n"
+        "      command: aws\n      args:\n      - eks\n      - get-token\n"
+    )
+    with pytest.raises(CniError) as exc:
+        kubeconfig.load(str(path))
+    assert "exec" in exc.value.msg and "tokenFile" in exc.value.msg

@@ -76,6 +76,12 @@ def _from_doc(doc: dict[str, Any], path: str) -> KubeConfig:
             INVALID_CONFIG, f"kubeconfig {path}: context {context_name!r} names an unknown cluster"
         )
     user = _named(doc, "users", "user", path).get(str(context.get("user", "")), {})
+    if (user.get("exec") or user.get("auth-provider")) and not (user.get("token") or user.get("tokenFile")):
+        raise CniError(
+            INVALID_CONFIG,
+            f"kubeconfig {path}: exec/auth-provider credentials are not supported by a CNI plugin; "
+            "give the user a token, tokenFile or client certificate",
+        )
     server = cluster.get("server")
     if not isinstance(server, str) or not server.startswith(("https://", "http://")):
         raise CniError(INVALID_CONFIG, f"kubeconfig {path}: cluster server must be an https:// URL")
