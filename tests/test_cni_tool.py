@@ -286,6 +286,23 @@ def test_del_uses_cached_config_when_the_network_file_is_gone(env: Env) -> None:
     assert env.cached() is None
 
 
+@pytest.mark.parametrize("breakage", ["no-dir", "broken-file"])
+def test_del_uses_cached_config_when_the_config_dir_is_unusable(env: Env, breakage: str) -> None:
+    env.write_list([{"type": "rec-a"}])
+    assert env.run("add", "h1chain", NETNS).exit_code == 0
+    env.calls()
+    over = {"NETCONFPATH": str(env.tmp / "gone")} if breakage == "no-dir" else {}
+    if breakage == "broken-file":
+        (env.netconf / "00-broken.conflist").write_text("{")
+    res = env.run("del", "h1chain", NETNS, **over)
+    assert res.exit_code == 0, res.output
+    assert "using the config cached at ADD" in res.stderr
+    assert [c["plugin"] for c in env.calls()] == ["rec-a"] and env.cached() is None
+    # without a cache entry there is nothing to fall back to: the load error is reported
+    res = env.run("del", "h1chain", NETNS, **over)
+    assert res.exit_code == 1 and "Traceback" not in res.output and env.calls() == []
+
+
 def test_corrupt_cache_never_blocks_del(env: Env) -> None:
     env.write_list([{"type": "rec-a"}])
     (env.cache / "results").mkdir(parents=True)

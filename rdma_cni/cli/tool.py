@@ -292,7 +292,6 @@ def _setup(
     ctx: click.Context, network: str, netns: str, ifname: str | None, allow_cached_config: bool = False
 ) -> tuple[Runtime, NetworkConfigList, RuntimeConf]:
     from rdma_cni.cni.chain import RuntimeConf
-    from rdma_cni.cni.conflist import NetworkNotFound
 
     runtime = _runtime(ctx)
     path = absolute_netns(netns)
@@ -307,12 +306,11 @@ def _setup(
     try:
         net = _load(network)
     except ToolError as err:
+        # A teardown must not depend on today's config dir: DEL falls back to the list cached at ADD.
         cached = _cached_config(runtime, network, rt) if allow_cached_config else None
-        if cached is None or not isinstance(err.__cause__, NetworkNotFound):
+        if cached is None:
             raise
-        click.echo(
-            f"cni-tool: {network} is no longer in NETCONFPATH: using the config cached at ADD", err=True
-        )
+        click.echo(f"cni-tool: {err.format_message()}; using the config cached at ADD", err=True)
         net = cached
     return runtime, net, rt
 
