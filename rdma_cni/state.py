@@ -130,9 +130,22 @@ class NodeState:
         fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            self._sweep_temp_files()
             yield
         finally:
             os.close(fd)
+
+    def _sweep_temp_files(self) -> None:
+        """Temp files of an atomic write cut short by kill -9. Only lock holders write here, and we
+        hold the lock, so every temp file present now is an orphan."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.startswith(".tmp-"):
+                log.info("removing %s/%s left by an interrupted write", self.dir, name)
+                durable.remove(os.path.join(self.dir, name))
 
     def path(self, container_id: str, ifname: str) -> str:
         return os.path.join(self.dir, record_filename(container_id, ifname))

@@ -243,6 +243,7 @@ class Node:
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(conf).encode())
         proc.stdin.close()
+        proc.stdin = None  # communicate() must not flush it again
         return proc
 
     def state_files(self) -> list[str]:
