@@ -41,6 +41,7 @@ SYS = "/sys"
 GID_SLOTS = 32  # slots scanned per table: rxe fills from 0, the scenario never uses more than a few
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 PINGPONG_PORT = 18515
+ROCE_PORT = 4791  # RoCE v2 is UDP to this port
 
 # bond -> (RDMA device, slaves, addresses primary first). bond0/bond1 are wired back to back by
 # the veth pairs a0-b0 and a1-b1, so pods on them can reach each other; bond2 (dummy slaves) is the
@@ -642,18 +643,35 @@ def plugin_section() -> None:
 
 
 def check_gid_record(pod: str, dev: str, addr: str, index: int | None) -> None:
-    """The record other components read (DESIGN: runDir/gid/<containerID>/<ifname>.json)."""
-    path = STATE / "run" / "gid" / f"e2e-{pod}" / "net1.json"
+    """The records other components read (DESIGN: ``runDir/gid/<containerID>/<ifname>.json``, and
+    ``runDir/gid/host.json`` with the host's index per device)."""
+    folder = STATE / "run" / "gid" / f"e2e-{pod}"
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            R.check(f"ADD {pod}: GID record {path} readable", True, False, str(e))
+    mine = [r for r in records if r.get("device") == dev]
+    R.check(f"ADD {pod}: one GID record for {dev} under {folder}", 1, len(mine), records)
+    if mine:
+        R.check(
+            f"ADD {pod}: GID record has the pod's index and GID",
+            {"gidIndex": index, "port": 1, "ipv4": addr.split("/")[0]},
+            {k: mine[0].get(k) for k in ("gidIndex", "port", "ipv4")},
+            mine[0],
+        )
     try:
-        record = json.loads(path.read_text())
+        host = json.loads((STATE / "run" / "gid" / "host.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
-        R.check(f"ADD {pod}: GID record {path} readable", True, False, str(e))
+        R.check(f"ADD {pod}: host GID record readable", True, False, str(e))
         return
+    ports = [p for p in host.get("ports", []) if isinstance(p, dict) and p.get("device") == dev]
     R.check(
-        f"ADD {pod}: GID record names device and index",
-        {"device": dev, "gidIndex": index},
-        {"device": record.get("device"), "gidIndex": record.get("gidIndex")},
-        record,
+        f"ADD {pod}: host.json keeps the host's index of {dev}",
+        [index],
+        [p.get("gidIndex") for p in ports],
+        host,
     )
 
 
@@ -771,6 +789,13 @@ def pingpong_pods(host_idx: dict[str, int | None]) -> None:
     if outcome["ok"]:
         R.fact("pod-to-pod RDMA", f"works on {os.uname().release}")
         return
+    # where rxe can receive at all: its UDP socket (port 4791) in the host netns vs the pod's
+    host_udp = read("/proc/net/udp") or ""
+    pod_udp = run(["ip", "netns", "exec", "pod1", "cat", "/proc/net/udp"]).stdout
+    listeners = {
+        "host netns": f":{ROCE_PORT:04X} " in host_udp,
+        "pod1 netns": f":{ROCE_PORT:04X} " in pod_udp,
+    }
     reason = (
         reasons[0] if reasons else "no rdma_rxe message; counters: " + json.dumps(outcome["counters_delta"])
     )
@@ -781,6 +806,7 @@ def pingpong_pods(host_idx: dict[str, int | None]) -> None:
             "reason": reason.split("] ", 1)[-1],
             "client": outcome["client"],
             "kernel_log": rxe[-12:],
+            "udp_4791_socket": listeners,
         },
     )
 
