@@ -101,6 +101,16 @@ class Cri:
 
     def __init__(self, socket_path: str) -> None:
         self.channel = grpc.insecure_channel(f"unix://{socket_path}")
+        self.live: list[str] = []  # sandboxes to stop and remove if the test fails half-way
+
+    def cleanup(self) -> None:
+        for sandbox_id in list(self.live):
+            try:
+                self.stop_pod_sandbox(sandbox_id)
+                self.remove_pod_sandbox(sandbox_id)
+            except grpc.RpcError:
+                pass
+        self.channel.close()
 
     def _call(self, method: str, request: bytes, timeout: float = 90) -> dict[int, list[Any]]:
         rpc = self.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")
@@ -120,7 +130,9 @@ class Cri:
             + _map(7, annotations)
             + _field(8, _field(2, security))
         )
-        return str(self._call("RunPodSandbox", _field(1, config))[1][0].decode())
+        sandbox_id = str(self._call("RunPodSandbox", _field(1, config))[1][0].decode())
+        self.live.append(sandbox_id)
+        return sandbox_id
 
     def sandbox_status(self, sandbox_id: str) -> tuple[int, str, dict[str, Any]]:
         """(state, ip, verbose info JSON) — state 0 is SANDBOX_READY."""
@@ -139,6 +151,8 @@ class Cri:
 
     def remove_pod_sandbox(self, sandbox_id: str) -> None:
         self._call("RemovePodSandbox", _field(1, sandbox_id))
+        if sandbox_id in self.live:
+            self.live.remove(sandbox_id)
 
 
 # --- a sandbox image from busybox, in `docker save` format --------------------------------------------
@@ -283,6 +297,7 @@ def test_containerd_runs_the_tke_networks_from_the_sandbox_annotation(node: Node
     uid = str(uuid.uuid4())
     node.checkpoint(uid, ["0", "1"])
     ctd = Containerd(node)
+    cri: Cri | None = None
     try:
         ctd.start(cri_conf)
         cri = Cri(ctd.socket)
@@ -302,6 +317,8 @@ def test_containerd_runs_the_tke_networks_from_the_sandbox_annotation(node: Node
         assert len(dels) == 1  # the second DEL found nothing recorded: already done
         assert node.leftovers() == CLEAN_NODE
     finally:
+        if cri is not None:
+            cri.cleanup()  # a failed test still gives its netns and bond IPs back
         ctd.stop()
     assert links(node.name) == CLEAN_NODE["node_links"]
 
@@ -322,6 +339,7 @@ def test_containerd_seed_pod_with_real_rdma_macvlan_moves_and_returns_the_bond_i
     node.checkpoint(uid, ["0", "1"])
     host = {"bond0": ["203.0.113.2/24"], "bond1": ["198.51.100.130/28"]}
     ctd = Containerd(node)
+    cri: Cri | None = None
     try:
         ctd.start(cri_conf)
         cri = Cri(ctd.socket)
@@ -341,4 +359,6 @@ def test_containerd_seed_pod_with_real_rdma_macvlan_moves_and_returns_the_bond_i
         assert {b: addrs(node.name, b) for b in host} == host
         assert links(node.name) == {"lo", "bond0", "bond1"}
     finally:
+        if cri is not None:
+            cri.cleanup()  # a failed test still gives its netns and bond IPs back
         ctd.stop()
