@@ -24,6 +24,7 @@ import errno
 import ipaddress
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 ZERO_GID = bytes(16)
@@ -262,13 +263,46 @@ def _slot_numbers(gids_dir: str) -> list[int]:
         return []
 
 
-def _read_raw_gid(path: str) -> bytes | None:
-    text = _read(path)
-    if not text:
-        return None
+ZERO_TEXT = b"0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def sysfs_text(raw: bytes) -> bytes:
+    """16 bytes -> the form sysfs prints (``fe80:0000:...``), to compare without parsing every slot."""
+    h = raw.hex().encode()
+    return b":".join(h[i : i + 4] for i in range(0, 32, 4))
+
+
+def _scan_gids(gids_dir: str) -> Iterator[tuple[int, bytes]]:
+    """(index, raw sysfs text) of every slot that is not all zeros. One directory fd and one
+    ``os.open``/``read`` per slot: half the cost of ``open()`` (this runs 1024 times per port)."""
+    indexes = _slot_numbers(gids_dir)
+    if not indexes:
+        return
+    dfd = os.open(gids_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        raw = gid_bytes(text)
-    except OSError:
+        for index in indexes:
+            try:
+                fd = os.open(str(index), os.O_RDONLY, dir_fd=dfd)
+            except FileNotFoundError:
+                continue
+            try:
+                text = os.read(fd, 128).strip()
+            except OSError as e:
+                if e.errno in (errno.EINVAL, errno.ENODATA):
+                    continue
+                raise
+            finally:
+                os.close(fd)
+            if text and text != ZERO_TEXT:
+                yield index, text
+    finally:
+        os.close(dfd)
+
+
+def _parse_gid(text: bytes) -> bytes | None:
+    try:
+        raw = gid_bytes(text.decode("ascii"))
+    except (OSError, UnicodeDecodeError):
         return None
     return None if raw == ZERO_GID else raw
 
@@ -288,13 +322,10 @@ def read_gids(sysfs_root: str, device: str, port: int) -> list[GidEntry]:
     """The non-empty slots of a port's GID table, in index order."""
     pdir = port_dir(sysfs_root, device, port)
     link_layer = _read(os.path.join(pdir, "link_layer")) or ""
-    gids_dir = os.path.join(pdir, "gids")
     out: list[GidEntry] = []
-    for index in _slot_numbers(gids_dir):
-        raw = _read_raw_gid(os.path.join(gids_dir, str(index)))
-        if raw is None:
-            continue
-        entry = _entry(sysfs_root, device, port, index, raw, link_layer)
+    for index, text in _scan_gids(os.path.join(pdir, "gids")):
+        raw = _parse_gid(text)
+        entry = _entry(sysfs_root, device, port, index, raw, link_layer) if raw else None
         if entry is not None:
             out.append(entry)
     return out
@@ -309,11 +340,11 @@ def find_gid(
     same GID; ``ndev`` picks the one that belongs to the wanted side.
     """
     want = gid_for_ip(ip)
+    want_text = sysfs_text(want)
     pdir = port_dir(sysfs_root, device, port)
     link_layer = _read(os.path.join(pdir, "link_layer")) or ""
-    gids_dir = os.path.join(pdir, "gids")
-    for index in _slot_numbers(gids_dir):
-        if _read_raw_gid(os.path.join(gids_dir, str(index))) != want:
+    for index, text in _scan_gids(os.path.join(pdir, "gids")):
+        if text.lower() != want_text:
             continue
         entry = _entry(sysfs_root, device, port, index, want, link_layer)
         if entry is not None and entry.type == gid_type and (ndev is None or entry.ndev == ndev):
