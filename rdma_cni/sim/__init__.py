@@ -1,0 +1,10 @@
+"""A simulated RDMA node for kernels without RDMA (tests, the demo).
+
+* :mod:`rdma_cni.sim.tree` — build/edit a sysfs tree laid out like a real node's (``mlx5_bond_N`` over
+  ``bondN``, GID tables, uverbs, ``ib_core`` netns mode).
+* :mod:`rdma_cni.sim.model` — the kernel's GID slot rules seen in the lab; ``table_snapshot`` reads any
+  tree (real or simulated) in one comparable form.
+* :mod:`rdma_cni.sim.node` — ``SimNode``: follows live addresses of veth "bonds" and of macvlans in pod
+  namespaces and keeps the tree's GID tables in sync; also a daemon (``python -m rdma_cni.sim.node``).
+* :mod:`rdma_cni.sim.fixture` — turn a captured tree (``shared/fixtures``) into a live-looking one.
+"""
