@@ -32,6 +32,9 @@ def run(env: Mapping[str, str], stdin: bytes) -> tuple[str, int]:
 
 
 def main() -> None:
+    from rdma_cni.agent.client import try_agent  # warm path first: stdlib only
+    if (answer := try_agent(SPEC.name)) is not None:
+        sys.exit(answer)
     env = dict(os.environ)
     stdin = sys.stdin.buffer.read() if env.get("CNI_COMMAND") else b""
     stdout, code = run(env, stdin)

@@ -21,6 +21,10 @@ SPEC = PluginSpec(name="rdma-multus", factory=_factory, about=ABOUT)
 
 
 def main() -> None:
+    from rdma_cni.agent.client import try_agent  # warm path first: stdlib only
+
+    if (answer := try_agent(SPEC.name)) is not None:
+        sys.exit(answer)
     from rdma_cni.cni.dispatch import run
 
     env = dict(os.environ)
