@@ -375,3 +375,22 @@ def test_periodic_reconcile_restores_only_attachments_whose_netns_is_gone(n: Nod
         assert n.snapshot() == before
     finally:
         a.stop()
+
+
+def test_python_entry_point_forwards_to_the_agent_with_the_same_result(n: Node, agent: Agent) -> None:
+    before = n.snapshot()
+    conf = n.config(masters=["bond0"])
+    pod_c, pod_w = n.pod(), n.pod()
+    add_c = cold(n, "ADD", conf, pod_c, "py-cold")
+    assert add_c.code == 0 and cold(n, "DEL", conf, pod_c, "py-cold").code == 0
+    sock = {"RDMA_CNI_AGENT_SOCKET": agent.sock}
+    add_w = n.plugin("ADD", conf, pod_w, container_id="py-warm", extra=sock)
+    assert add_w.code == 0, add_w.stdout + add_w.stderr
+    assert "served rdma-macvlan ADD py-warm/net1: exit 0" in open(agent.log).read()
+    assert without_macs(add_w.out) == json.loads(
+        json.dumps(without_macs(add_c.out)).replace(pod_c.name, pod_w.name)
+    )
+    assert n.ping(pod_w, "198.51.100.1", "bond0")
+    assert n.plugin("DEL", conf, pod_w, container_id="py-warm", extra=sock).code == 0
+    assert "served rdma-macvlan DEL py-warm/net1: exit 0" in open(agent.log).read()
+    assert n.snapshot() == before

@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 from rdma_cni.agent import namespaces, wire
 from rdma_cni.agent.plugins import Registry, UnknownPlugin
@@ -51,12 +52,16 @@ def handle(conn: socket.socket, registry: Registry) -> None:
             return  # the client gave up and will run it itself
     except OSError:
         return
+    started = time.monotonic()
     code, stdout, stderr = run_as_caller(registry, plugin, env, stdin)
+    call = f"{plugin} {env.get('CNI_COMMAND')} {env.get('CNI_CONTAINERID', '')}/{env.get('CNI_IFNAME', '')}"
     try:
         conn.settimeout(HANDSHAKE_TIMEOUT)
         conn.sendall(wire.encode_answer(code, stdout, stderr))
     except OSError as exc:  # the runtime killed the client: the call ran all the same
-        log.info("%s %s finished after its client left: %s", plugin, env.get("CNI_COMMAND"), exc)
+        log.info("%s finished after its client left: %s", call, exc)
+        return
+    log.info("served %s: exit %d in %.1f ms", call, code, (time.monotonic() - started) * 1000)
 
 
 def _accept_call(conn: socket.socket, registry: Registry) -> tuple[str, dict[str, str], bytes]:
@@ -94,6 +99,7 @@ def run_as_caller(registry: Registry, plugin: str, env: dict[str, str], stdin: b
     os.environ.clear()
     os.environ.update(env)
     capture = os.memfd_create("rdma-agent-stderr", os.MFD_CLOEXEC)
+    agent_stderr = os.dup(2)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(capture, 1)  # nothing may print on stdout in-process either; keep it with stderr
@@ -107,7 +113,11 @@ def run_as_caller(registry: Registry, plugin: str, env: dict[str, str], stdin: b
         sys.stderr.write(f"rdma-agent: {plugin} crashed: {exc!r}\n")
     sys.stderr.flush()
     sys.stdout.flush()
-    return code, stdout, _read_tail(capture)
+    captured = _read_tail(capture)
+    os.dup2(agent_stderr, 2)  # the agent's own log lines go to the agent's stderr again
+    os.dup2(agent_stderr, 1)
+    os.close(agent_stderr)
+    return code, stdout, captured
 
 
 def _fresh_logging() -> None:
