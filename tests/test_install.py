@@ -110,9 +110,17 @@ def test_install_layout_configs_and_node_paths(bundle: Path, tmp_path: Path) -> 
 
 def test_install_rewrites_paths_for_custom_dirs(bundle: Path, tmp_path: Path) -> None:
     proc = install(
-        bundle, tmp_path, "--mode", "global-router", "--conf-dir", "/etc/cni/custom.d",
-        "--cni-bin-dir", "/usr/libexec/cni", "--kubelet-root-dir", "/data/kubelet",
-    )  # fmt: skip
+        bundle,
+        tmp_path,
+        "--mode",
+        "global-router",
+        "--conf-dir",
+        "/etc/cni/custom.d",
+        "--cni-bin-dir",
+        "/usr/libexec/cni",
+        "--kubelet-root-dir",
+        "/data/kubelet",
+    )
     assert proc.returncode == 0, proc.stderr
     plugin = json.loads((tmp_path / "etc/cni/custom.d/00-rdma-multus.conflist").read_text())["plugins"][0]
     assert plugin["defaultDelegates"] == "tke-bridge"

@@ -128,8 +128,18 @@ def _gid_finding(snap: NodeSnapshot, port: RdmaPort) -> tuple[Finding, int | Non
     lent = [g for g in entries if g.ipv4 not in host_ips]
     if lent:
         g = lent[0]
-        detail = f"index {g.index}: {g.gid} ({g.ipv4}, lent to a pod on its {g.ndev or 'interface'})"
-        return Finding(name, OK, detail), g.index
+        where = f"{g.ipv4}, on {g.ndev or 'an interface'} outside the node netns"
+        if any(b.bond == port.netdev for rec in snap.attachments for b in rec.bonds):
+            return Finding(name, OK, f"index {g.index}: {g.gid} ({where}: lent to a pod)"), g.index
+        return (
+            Finding(
+                name,
+                WARN,
+                f"index {g.index}: {g.gid} ({where}), but no attachment holds {port.netdev}",
+                "another plugin moved the address, or the state was lost: see `cni-tool state`",
+            ),
+            g.index,
+        )
     return Finding(
         name,
         FAIL,
