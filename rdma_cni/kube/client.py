@@ -123,12 +123,14 @@ class PodClient:
 
 
 def tls_context(config: KubeConfig) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    """Trust only the kubeconfig's CA when it names one (and skip parsing the system store)."""
+    cadata = (
+        config.ca_data.decode("ascii", errors="replace") if config.ca_data and not config.insecure else None
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=cadata)
     if config.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-    elif config.ca_data:
-        ctx.load_verify_locations(cadata=config.ca_data.decode("ascii", errors="replace"))
     if config.cert_data and config.key_data:
         _load_client_pair(ctx, config.cert_data, config.key_data)
     return ctx
