@@ -28,13 +28,13 @@ def configure(log_file: str = "", level: str = "info", stderr_level: str = "warn
     if log_file and log_file not in _configured:
         try:
             os.makedirs(os.path.dirname(log_file) or ".", mode=0o700, exist_ok=True)
-            handler = logging.FileHandler(log_file)
+            file_handler = logging.FileHandler(log_file)
         except OSError as exc:
             sys.stderr.write(f"rdma-cni: cannot open log file {log_file}: {exc}\n")
             return
-        handler.setLevel(_level(level))
-        handler.setFormatter(logging.Formatter(FORMAT))
-        root.addHandler(handler)
+        file_handler.setLevel(_level(level))
+        file_handler.setFormatter(logging.Formatter(FORMAT))
+        root.addHandler(file_handler)
         _configured.add(log_file)
 
 

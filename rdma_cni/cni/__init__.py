@@ -1,0 +1,1 @@
+"""The CNI protocol: requests, results in every spec version, errors, invoking plugins."""

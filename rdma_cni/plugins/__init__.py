@@ -1,0 +1,1 @@
+"""Policy: what each plugin does for each CNI verb (rdma-macvlan, rdma-multus)."""
