@@ -168,3 +168,43 @@ def test_exclusive_mode_add_fails_clearly_and_leaves_the_host_as_it_was(vm: VmRu
     if reason:
         pytest.skip(f"exclusive section not run in the guest: {reason}")
     vm.assert_checks_pass("exclusive")
+
+
+# ---------------------------------------------------------------- the harness itself
+
+
+def _vm_run(command: str, out: Path, **env: str) -> tuple[int, float]:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(VM_E2E), "run", "--out", str(out), "--", command],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc.returncode, time.monotonic() - t0
+
+
+@pytest.fixture
+def vm_out() -> Path:
+    if not os.path.exists("/dev/kvm") or os.geteuid() != 0:
+        pytest.skip("needs /dev/kvm and root, as the end-to-end run above")
+    return Path(tempfile.mkdtemp(prefix="rdma-cni-vm-run-"))
+
+
+def test_vm_run_returns_guest_exit_code_sees_checkout_and_cannot_write_host(vm_out: Path) -> None:
+    probe = REPO / f".vm-e2e-write-probe-{os.getpid()}"
+    rc, _ = _vm_run(f'pwd > "$VM_OUT/pwd"; uname -r > "$VM_OUT/uname"; touch {probe}; exit 7', vm_out)
+    assert rc == 7, (vm_out / "console.log").read_text()[-2000:] if rc == 125 else rc
+    assert (vm_out / "pwd").read_text().strip() == str(REPO)
+    assert (vm_out / "uname").read_text().strip() != os.uname().release
+    assert not probe.exists(), "the guest's root is an overlay: its writes must not reach the host"
+
+
+def test_vm_run_stops_a_hung_guest_command_and_keeps_its_log(vm_out: Path) -> None:
+    rc, _ = _vm_run(
+        "echo started; sleep 600", vm_out, RDMA_CNI_VM_TIMEOUT="30", RDMA_CNI_VM_BOOT_TIMEOUT="10"
+    )
+    assert rc == 124, rc
+    assert (vm_out / "guest.log").read_text().strip() == "started"
