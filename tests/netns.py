@@ -132,7 +132,7 @@ class Node:
         self.bonds.append(name)
 
     def pod(self) -> Pod:
-        pod = Pod(f"{PREFIX}{self.tag}-pod{len(self.pods)}")
+        pod = Pod(f"{PREFIX}{self.tag}-pod-{uuid.uuid4().hex[:8]}")  # unique even from threads
         sh("ip", "netns", "add", pod.name)
         self.pods.append(pod)
         return pod
