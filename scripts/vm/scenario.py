@@ -530,6 +530,55 @@ def cni(
     return proc.returncode, out, proc.stderr
 
 
+def status(bond: str, rdma: dict[str, Any] | None = None) -> tuple[int, dict[str, Any] | None]:
+    """STATUS (CNI 1.1): could an ADD succeed now? Only the config and CNI_COMMAND/CNI_PATH."""
+    conf = {
+        "cniVersion": "1.1.0",
+        "name": "rdma-e2e",
+        "type": "rdma-macvlan",
+        "masters": [bond],
+        "sysfsRoot": SYS,
+        "rdma": {"required": True, **(rdma or {})},
+        "dataDir": str(STATE / "data"),
+        "runDir": str(STATE / "run"),
+        "logFile": str(OUT / "plugin.log"),
+        "logLevel": "debug",
+    }
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni:/opt/cni/bin"}
+    proc = run(
+        [sys.executable, "-m", "rdma_cni.cli.macvlan"],
+        stdin=json.dumps(conf),
+        env=env,
+        timeout=180,
+        ok=range(256),
+    )
+    out = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+    R.fact(
+        f"STATUS {bond} {rdma or ''}", {"rc": proc.returncode, "stdout": out, "stderr": proc.stderr[-1500:]}
+    )
+    return proc.returncode, out
+
+
+def pod_view(pod: str, dev: str, ipv4: str, index: int | None) -> None:
+    """What a user in the pod is told to put in NCCL_IB_GID_INDEX: ``cni-tool gids --netns``."""
+    if importlib.util.find_spec("rdma_cni.cli.tool_gids") is None:
+        R.skip(f"cni-tool gids in {pod}", "rdma_cni/cli/tool_gids.py is not present")
+        return
+    proc = run(
+        [sys.executable, "-m", "rdma_cni.cli.tool", "gids", dev, "--netns", f"/run/netns/{pod}", "--json"],
+        ok=range(256),
+        timeout=120,
+    )
+    try:
+        rows = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        R.check(f"cni-tool gids --netns {pod} prints JSON", True, False, proc.stdout + proc.stderr)
+        return
+    rows = rows if isinstance(rows, list) else rows.get("gids", []) if isinstance(rows, dict) else []
+    found = [r.get("index") for r in rows if r.get("ipv4") == ipv4 and r.get("type") == "RoCE v2"]
+    R.check(f"cni-tool gids inside {pod}: RoCE v2 index of {ipv4} equals the host's", [index], found, rows)
+
+
 def result_ips(result: dict[str, Any] | None) -> list[str]:
     return sorted(i["address"] for i in (result or {}).get("ips", []))
 
@@ -577,6 +626,8 @@ def plugin_section() -> None:
     host_idx = {a: v2_index(dev, a) for dev, _, addrs in (BONDS["bond0"], BONDS["bond1"]) for a in addrs}
     pingpong_host()
 
+    rc, out = status("bond0")
+    R.check("STATUS before any pod (shared mode, bond free): exit code", 0, rc, out)
     ip(["netns add pod1", "netns add pod2"])
     results: dict[str, dict[str, Any] | None] = {}
     for pod, bond in (("pod1", "bond0"), ("pod2", "bond1")):
@@ -607,6 +658,9 @@ def plugin_section() -> None:
         else:
             check_gid_record(pod, dev, addrs[0], host_idx[addrs[0]])
     R.fact("gid_tables_with_pods", tables())
+    rc, out, _ = cni("CHECK", "pod1", "bond0", prev=results["pod1"])
+    R.check("CHECK pod1 against the live system: exit code", 0, rc, out)
+    pod_view("pod1", "mlx5_bond_0", "198.51.100.10", host_idx["198.51.100.10/24"])
 
     pingpong_pods(host_idx)
 
@@ -828,6 +882,14 @@ def exclusive_section() -> None:
     R.fact("netns_mode after 'rdma system set netns exclusive'", netns_mode())
     ip(["netns add pod3"])
     try:
+        rc, out = status("bond0")
+        R.check(
+            "STATUS, config shared, kernel exclusive: code 50 (plugin not available)",
+            50,
+            (out or {}).get("code"),
+            out,
+        )
+        R.check("STATUS, config shared, kernel exclusive: non-zero exit", True, rc != 0)
         before = host_snapshot()
         r = run(["rdma", "dev", "set", "mlx5_bond_0", "netns", "pod3"], ok=range(256))
         R.fact(
