@@ -25,6 +25,7 @@ from rdma_cni.cni.errors import INVALID_ENV, CniError
 
 NSFS_MAGIC = 0x6E736673
 CLONE_NEWNET = 0x40000000
+NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
 _STATFS_SIZE = 256  # generous: struct statfs is 120 bytes on x86_64/aarch64; f_type is the first long
 
 _libc: ctypes.CDLL | None = None
@@ -85,11 +86,23 @@ def open_netns(path: str) -> Netns:
     try:
         if fs_magic(fd) != NSFS_MAGIC:
             raise NetnsUnavailable(path, "is not a network namespace (not an nsfs file)", gone=True)
+        if _ns_type(fd) not in (None, CLONE_NEWNET):
+            raise NetnsUnavailable(path, "is not a network namespace (another kind of namespace)", gone=True)
         inode = os.fstat(fd).st_ino
     except BaseException:
         os.close(fd)
         raise
     return Netns(path, fd, inode)
+
+
+def _ns_type(fd: int) -> int | None:
+    """NS_GET_NSTYPE (Linux >= 4.11); None when the kernel cannot tell."""
+    import fcntl
+
+    try:
+        return int(fcntl.ioctl(fd, NS_GET_NSTYPE))
+    except OSError:
+        return None
 
 
 def netns_inode(path: str) -> int | None:

@@ -1,0 +1,148 @@
+"""Netlink mechanisms on the real kernel, inside namespaces made here: the netns opener, address
+ordering through remove/restore (secondaries, promote_secondaries, a crash half-way), route/rule
+replay, and the gratuitous ARP reaching a peer."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+from netns import Node, sh
+
+from rdma_cni.net import addresses, links, routes
+from rdma_cni.net.announce import announce
+from rdma_cni.net.netns import NetnsUnavailable, current_inode, netlink_in, open_netns
+
+pytestmark = pytest.mark.netns
+
+
+def test_open_netns_never_creates_a_missing_path(tmp_path: str) -> None:
+    path = os.path.join(tmp_path, "no-such-netns")
+    with pytest.raises(NetnsUnavailable) as err:
+        open_netns(path)
+    assert err.value.gone and err.value.code == 4
+    assert not os.path.exists(path)
+
+
+def test_open_netns_refuses_a_file_that_is_not_a_netns(tmp_path: str) -> None:
+    path = os.path.join(tmp_path, "plain")
+    with open(path, "w") as f:
+        f.write("x")
+    with pytest.raises(NetnsUnavailable, match="not a network namespace"):
+        open_netns(path)
+    with pytest.raises(NetnsUnavailable, match="not a network namespace"):
+        open_netns("/proc/self/ns/uts")  # nsfs too, but a UTS namespace (NS_GET_NSTYPE tells)
+
+
+def test_netlink_in_talks_to_the_netns_without_forking_and_returns_home(node_ns: Node) -> None:
+    n = node_ns
+    n.bond("bond0", "198.51.100.2/28")
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(1))
+    home = current_inode()
+    with open_netns(f"/run/netns/{n.name}") as ns:
+        assert ns.inode == os.stat(f"/run/netns/{n.name}").st_ino
+        ipr = netlink_in(ns)
+        try:
+            assert sorted(link.name for link in links.all_links(ipr)) == ["bond0", "lo"]
+        finally:
+            ipr.close()
+    assert current_inode() == home
+    assert forks == []
+
+
+def _ns_ipr(n: Node) -> tuple[object, int]:
+    ns = open_netns(f"/run/netns/{n.name}")
+    ipr = netlink_in(ns)
+    ns.close()
+    link = links.get_link(ipr, "bond0")
+    assert link is not None
+    return ipr, link.index
+
+
+def _v4(n: Node) -> list[tuple[str, bool, str]]:
+    link = n.node_json("addr", "show", "bond0")[0]
+    return [(f"{a['local']}/{a['prefixlen']}", a.get("secondary", False), a.get("label", ""))
+            for a in link["addr_info"] if a["family"] == "inet"]
+
+
+@pytest.mark.parametrize("promote", ["0", "1"])
+def test_remove_then_restore_keeps_order_and_secondaries(node_ns: Node, promote: str) -> None:
+    n = node_ns
+    n.bond("bond0", "198.51.100.2/28", "198.51.100.3/28", "203.0.113.9/24", "198.51.100.4/28 label bond0:x",
+           "203.0.113.10/24")
+    sh("ip", "netns", "exec", n.name, "sysctl", "-qw", f"net.ipv4.conf.bond0.promote_secondaries={promote}")
+    before = _v4(n)
+    assert [s for _, s, _ in before] == [False, False, True, True, True]
+    ipr, index = _ns_ipr(n)
+    snap = addresses.snapshot(ipr, index)
+    assert [addresses.cidr(a) for a in snap] == [c for c, _, _ in before]
+    addresses.remove(ipr, index, snap)
+    assert _v4(n) == []
+    assert addresses.restore(ipr, index, snap) == 5
+    assert _v4(n) == before
+    # A crash after removing only the last two: the remainder is a prefix, restore fills the rest.
+    addresses.remove(ipr, index, snap[3:])
+    assert addresses.restore(ipr, index, snap) == 2
+    assert _v4(n) == before
+    ipr.close()  # type: ignore[attr-defined]
+
+
+def test_routes_and_rules_are_replayed_exactly_after_the_kernel_flushed_them(node_ns: Node) -> None:
+    n = node_ns
+    n.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
+    n.ip("route", "add", "203.0.113.0/28", "via", "198.51.100.1", "metric", "50", "mtu", "1400")
+    n.ip("route", "add", "203.0.113.16/28", "nexthop", "via", "198.51.100.1", "weight", "2",
+         "nexthop", "via", "198.51.100.4", "weight", "1")
+    n.ip("route", "add", "default", "via", "198.51.100.1", "table", "1000", "proto", "static")
+    n.ip("rule", "add", "from", "198.51.100.2", "lookup", "1000", "pref", "900")
+    n.snapshot()  # let the bond's IPv6 link-local settle first
+    before = (n.node_json("route", "show", "table", "all"), n.node_json("rule"))
+    ipr, index = _ns_ipr(n)
+    snap = addresses.snapshot(ipr, index)
+    rts = routes.snapshot_routes(ipr, index, ["198.51.100.2"])
+    rules = routes.snapshot_rules(ipr, "bond0", ["198.51.100.2"])
+    assert len(rts) == 3 and len(rules) == 1
+    addresses.remove(ipr, index, snap)
+    assert not [r for r in n.node_json("route") if r.get("dev") == "bond0"]  # the kernel flushed them
+    addresses.restore(ipr, index, snap)
+    assert routes.restore_routes(ipr, rts, index, index) == []
+    assert routes.restore_rules(ipr, rules) == []  # already there: not an error
+    assert (n.node_json("route", "show", "table", "all"), n.node_json("rule")) == before
+    ipr.close()  # type: ignore[attr-defined]
+
+
+def test_gratuitous_arp_moves_the_peer_neighbour_entry_to_the_new_mac(node_ns: Node) -> None:
+    n = node_ns
+    n.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
+    sw_if = next(link["ifname"] for link in json.loads(sh("ip", "-n", n.switch, "-j", "link").stdout)
+             if link["ifname"] != "lo")
+    sh("ip", "netns", "exec", n.switch, "sysctl", "-qw", f"net.ipv4.neigh.{sw_if}.locktime=0")
+    # The peer learns 198.51.100.2 at the bond's MAC ...
+    sh("ip", "-n", n.switch, "neigh", "replace", "198.51.100.2", "lladdr",
+       n.node_json("link", "show", "bond0")[0]["address"], "dev", sw_if, "nud", "stale")
+    pod = n.pod()
+    ns = open_netns(pod.path)
+    ipr = netlink_in(ns)
+    host, bond = _ns_ipr(n)
+    links.create_macvlan(host, bond, ns.fd, "mvtest0", "bridge")
+    index = links.configure_link(ipr, "mvtest0", "net9", 1500, addrgen_off=True)
+    ipr.addr("add", index=index, address="198.51.100.2", prefixlen=28, family=socket.AF_INET)
+    links.set_up(ipr, index)
+    mac = links.get_link(ipr, "net9").mac  # type: ignore[union-attr]
+    announce(ns, "net9", index, mac, ["198.51.100.2"])
+    deadline = time.monotonic() + 3
+    seen = ""
+    while time.monotonic() < deadline:
+        entries = json.loads(sh("ip", "-n", n.switch, "-j", "neigh", "show", "198.51.100.2").stdout)
+        seen = entries[0].get("lladdr", "") if entries else ""
+        if seen == mac:
+            break
+        time.sleep(0.1)
+    assert seen == mac
+    ns.close()
+    ipr.close()
+    host.close()  # type: ignore[attr-defined]

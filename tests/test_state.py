@@ -1,0 +1,148 @@
+"""Durable node state: records, permissions, corrupt files, pins, the node lock."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rdma_cni.cni.errors import CniError
+from rdma_cni.cni.request import Attachment
+from rdma_cni.state import (
+    PHASE_ADDED,
+    SCHEMA_VERSION,
+    AttachmentRecord,
+    BondRecord,
+    NodeState,
+    record_filename,
+)
+
+
+def rec(cid: str = "c1", ifname: str = "net1", bonds: tuple[str, ...] = ("bond0",)) -> AttachmentRecord:
+    return AttachmentRecord(
+        container_id=cid, ifname=ifname, netns="/run/netns/x", netns_inode=4026532000,
+        bonds=[BondRecord(bond=b, bond_index=3, pod_ifname=b, temp_name="mvtmp0") for b in bonds],
+    )
+
+
+def test_put_get_round_trip_with_private_permissions(tmp_path: str) -> None:
+    st = NodeState(os.path.join(tmp_path, "data"))
+    r = rec()
+    r.bonds[0].addresses = [{"family": 2, "prefixlen": 28, "attrs": [["IFA_ADDRESS", "198.51.100.2"]]}]
+    st.put(r)
+    got = st.get("c1", "net1")
+    assert got == r
+    assert stat.S_IMODE(os.stat(st.data_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(st.dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(st.path("c1", "net1")).st_mode) == 0o600
+    with open(st.path("c1", "net1")) as f:
+        assert json.load(f)["schema"] == SCHEMA_VERSION
+    assert st.remove("c1", "net1") is True
+    assert st.get("c1", "net1") is None
+    assert st.remove("c1", "net1") is False
+
+
+def test_filenames_are_derived_only_from_validated_ids() -> None:
+    assert record_filename("abc", "net1") == "abc@net1.json"
+    assert record_filename("abc", "a@b%") == "abc@a%40b%25.json"
+    for bad_cid in ("../etc", "a/b", "", "-x"):
+        with pytest.raises(CniError):
+            record_filename(bad_cid, "net1")
+    for bad_if in ("a/b", "..", "x" * 16, "a b"):
+        with pytest.raises(CniError):
+            record_filename("abc", bad_if)
+
+
+def test_pins_come_from_the_records(tmp_path: str) -> None:
+    st = NodeState(str(tmp_path))
+    st.put(rec("c1", "net1", ("bond0", "bond2")))
+    st.put(rec("c2", "net1", ("bond1",)))
+    assert st.pins() == {
+        "bond0": Attachment("c1", "net1"),
+        "bond2": Attachment("c1", "net1"),
+        "bond1": Attachment("c2", "net1"),
+    }
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b"", b"[]", json.dumps({"schema": 99}).encode(),
+     json.dumps({**rec().to_dict(), "phase": "exploded"}).encode(),
+     json.dumps({**rec().to_dict(), "container_id": "../../x"}).encode()],
+)
+def test_unreadable_files_are_treated_as_absent_and_logged(
+    tmp_path: str, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    st = NodeState(str(tmp_path))
+    st.put(rec("good", "net1", ("bond1",)))
+    st.ensure()
+    bad = st.path("c1", "net1")
+    with open(bad, "wb") as f:
+        f.write(content)
+    with caplog.at_level(logging.ERROR, logger="rdma_cni.state"):
+        assert st.get("c1", "net1") is None
+        assert [r.container_id for r in st.attachments()] == ["good"]
+    assert st.unreadable() == [bad]
+    assert "unreadable" in caplog.text
+    assert os.path.exists(bad)  # kept for cni-tool state / doctor to show
+
+
+def test_a_record_under_another_attachments_name_is_ignored(tmp_path: str) -> None:
+    st = NodeState(str(tmp_path))
+    st.ensure()
+    with open(st.path("c9", "net1"), "w") as f:
+        json.dump(rec("c1", "net1").to_dict(), f)
+    assert st.attachments() == []
+    assert st.unreadable() == [st.path("c9", "net1")]
+
+
+def test_phase_is_recorded(tmp_path: str) -> None:
+    st = NodeState(str(tmp_path))
+    r = rec()
+    st.put(r)
+    assert st.get("c1", "net1").phase == "adding"  # type: ignore[union-attr]
+    r.phase = PHASE_ADDED
+    st.put(r)
+    assert st.get("c1", "net1").phase == PHASE_ADDED  # type: ignore[union-attr]
+
+
+HOLD = """
+import sys, time
+from rdma_cni.state import NodeState
+with NodeState(sys.argv[1]).locked():
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_node_lock_excludes_other_processes_and_dies_with_its_holder(tmp_path: str) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "30"], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        waiter = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "0"], stdout=subprocess.PIPE)
+        time.sleep(1.0)
+        assert waiter.poll() is None  # blocked on the lock
+        holder.kill()  # kill -9: the kernel releases the lock
+        out, _ = waiter.communicate(timeout=20)
+        assert out == b"held\n" and waiter.returncode == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_orphaned_temp_files_are_swept_under_the_lock(tmp_path: str) -> None:
+    st = NodeState(str(tmp_path))
+    st.ensure()
+    orphan = os.path.join(st.dir, ".tmp-abc123")
+    with open(orphan, "w") as f:
+        f.write("{")
+    assert st.attachments() == []  # never read as a record
+    with st.locked():
+        pass
+    assert not os.path.exists(orphan)
