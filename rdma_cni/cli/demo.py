@@ -1,0 +1,459 @@
+"""The demo (``scripts/demo``): a simulated GPU node in network namespaces, one RDMA pod through the
+real plugins, and everything removed again.
+
+What it builds, on any Linux machine with netns/veth/macvlan (no RDMA hardware needed):
+
+* ``<tag>-node``: the node. ``bond0..bond3`` are veth ends (this kernel may have no bonding) holding
+  ``198.51.100.{2,18,34,50}/28``, one /28 per NIC as on a TKE GPU node; their peers sit in
+  ``<tag>-sw`` (the "switch") holding ``.1, .17, .33, .49``.
+* an RDMA sysfs tree (``mlx5_bond_0..3`` over ``bond0..3``, RoCE v1+v2 GID tables like mlx5) kept in
+  sync with the live addresses by H3's simulated node (:mod:`rdma_cni.sim.node`), so the GID indices
+  are those the kernel would give;
+* the CNI configs of conf/vpc-cni, pointed at the demo's directories, plus ``tke-route-eni`` played by
+  the reference ``ptp`` plugin, and a kubelet device checkpoint giving the pod two RDMA devices.
+
+Then, like containerd for a pod annotated ``tke.cloud.tencent.com/networks: tke-route-eni,
+tke-rdma-macvlan``: ``cni-tool add rdma-multus`` (ADD through rdma-multus → ptp + rdma-macvlan),
+show the pod's interfaces, routes and GIDs, ping the switch from each bond, ``cni-tool doctor`` and
+``cni-tool state``, ``cni-tool del``, and compare the node with how it started.
+
+Names carry ``h6-demo-<pid>``; everything is removed on exit, on failure and on Ctrl-C, and a later
+run also removes what a killed run left (its pid is gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = "h6-demo-"
+ANNOTATION = "tke.cloud.tencent.com/networks"
+RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
+REFERENCE_PLUGINS = ("/usr/lib/cni", "/opt/cni/bin")
+POD = {"namespace": "default", "name": "rdma-demo-0"}
+
+
+class DemoFailed(Exception):
+    """A step did not do what the demo shows; the message says which and why."""
+
+
+def bond_addr(i: int) -> tuple[str, str]:
+    """(bond address, switch peer address) of bond i: one /28 per NIC."""
+    return f"198.51.100.{16 * i + 2}/28", f"198.51.100.{16 * i + 1}/28"
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def banner(step: str) -> None:
+    say()
+    say(f"=== {step} " + "=" * max(0, 96 - len(step)))
+
+
+def run(*args: str, check: bool = True, env: dict[str, str] | None = None, show: bool = False,
+        stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    if show:
+        say(f"$ {' '.join(args)}")
+    proc = subprocess.run(list(args), capture_output=True, text=True, env=env, input=stdin, timeout=120,
+                          check=False)  # fmt: skip
+    if show and proc.stdout.strip():
+        say(proc.stdout.rstrip())
+    if check and proc.returncode != 0:
+        raise DemoFailed(
+            f"`{' '.join(args)}` failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
+        )
+    return proc
+
+
+def sweep_leftovers() -> None:
+    """Remove namespaces and dirs of earlier demo runs whose process is gone (kill -9, power loss)."""
+    for name in sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []:
+        pid = name.removeprefix(PREFIX).split("-")[0]
+        if name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            run("ip", "netns", "del", name, check=False)
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        pid = path.name.removeprefix(PREFIX).split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Demo:
+    def __init__(self, bonds: int, pod_bonds: int, bundle: str) -> None:
+        self.tag = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.node, self.switch, self.pod = f"{self.tag}-node", f"{self.tag}-sw", f"{self.tag}-pod0"
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
+        self.sysfs = str(self.tmp / "sys")
+        self.bonds = [f"bond{i}" for i in range(bonds)]
+        self.pod_bonds = pod_bonds
+        self.bundle = bundle
+        self.namespaces: list[str] = []
+        self.bin_dir = self.tmp / "bin"
+        self.conf_dir = self.tmp / "net.d"
+
+    # ---- the node ------------------------------------------------------------------------------
+    def netns(self, name: str) -> None:
+        run("ip", "netns", "add", name)
+        self.namespaces.append(name)
+        run("ip", "-n", name, "link", "set", "lo", "up")
+        run("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0",
+            "net.ipv6.conf.default.dad_transmits=0")  # fmt: skip
+
+    def build_node(self) -> None:
+        self.netns(self.node)
+        self.netns(self.switch)
+        for i, bond in enumerate(self.bonds):
+            mine, peer = bond_addr(i)
+            run("ip", "-n", self.node, "link", "add", bond, "type", "veth", "peer", "name", f"sw{i}",
+                "netns", self.switch)  # fmt: skip
+            run("ip", "-n", self.switch, "addr", "add", peer, "dev", f"sw{i}")
+            run("ip", "-n", self.switch, "link", "set", f"sw{i}", "up")
+            run("ip", "-n", self.node, "addr", "add", mine, "dev", bond)
+            run("ip", "-n", self.node, "link", "set", bond, "up")
+
+    @contextmanager
+    def rdma(self) -> Iterator[None]:
+        """The simulated RDMA devices: H3's SimNode with mlx5's GID types (RoCE v1 + v2, so the IPv4
+        RoCE v2 GID sits at index 3 as in the seed), run as its own process like the kernel would be."""
+        args = [self.sysfs, ",".join(f"{b}:mlx5_bond_{i}" for i, b in enumerate(self.bonds)),
+                f"/run/netns/{self.node}", f"{self.tag}-pod"]  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SIM_NODE, *args], stdout=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], 30)
+            if not ready or proc.stdout.readline().strip() != "ready":
+                raise DemoFailed(f"the simulated RDMA node did not start (exit code {proc.poll()})")
+            yield
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+
+    # ---- the plugins and their configs ----------------------------------------------------------
+    def install_plugins(self) -> None:
+        self.bin_dir.mkdir()
+        if self.bundle:
+            run(str(REPO / "scripts" / "install.sh"), "--bundle", self.bundle, "--cni-bin-dir", str(self.bin_dir),
+                "--conf-dir", str(self.tmp / "installed.d"), show=True)  # fmt: skip
+        else:
+            for name, module in (
+                ("rdma-macvlan", "macvlan"),
+                ("rdma-multus", "multus"),
+                ("cni-tool", "tool"),
+            ):
+                path = self.bin_dir / name
+                path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m rdma_cni.cli.{module} "$@"\n')
+                path.chmod(0o755)
+        ref = next((d for d in REFERENCE_PLUGINS if os.access(os.path.join(d, "ptp"), os.X_OK)), None)
+        if ref is None:
+            raise DemoFailed("the reference plugins (ptp, host-local) are missing: run scripts/setup "
+                             "(Debian package containernetworking-plugins)")  # fmt: skip
+        for name in ("ptp", "host-local"):
+            (self.bin_dir / name).symlink_to(os.path.join(ref, name))
+
+    def write_configs(self) -> None:
+        src = REPO / "conf" / "vpc-cni"
+        delegates = self.conf_dir / "rdma-multus.d"
+        delegates.mkdir(parents=True)
+        meta = json.loads((src / "00-rdma-multus.conflist").read_text())
+        meta["plugins"][0].update(
+            confDir=str(delegates), kubeconfig="", cacheDir=str(self.tmp / "multus-cache"),
+            kubeletRootDir=str(self.tmp / "kubelet"), logFile=str(self.tmp / "log" / "rdma-multus.log"),
+        )  # fmt: skip
+        (self.conf_dir / "00-rdma-multus.conflist").write_text(json.dumps(meta, indent=2))
+        macvlan = json.loads((src / "rdma-multus.d" / "tke-rdma-macvlan.conf").read_text())
+        macvlan.update(
+            masters=self.bonds, dataDir=str(self.tmp / "state"), runDir=str(self.tmp / "run"), sysfsRoot=self.sysfs,
+            logFile=str(self.tmp / "log" / "rdma-cni.log"),
+        )  # fmt: skip
+        (delegates / "tke-rdma-macvlan.conf").write_text(json.dumps(macvlan, indent=2))
+        # The cluster network (tke-route-eni on TKE) played by the reference ptp plugin.
+        eni = {"cniVersion": "1.0.0", "name": "tke-route-eni", "plugins": [{
+            "type": "ptp", "ipam": {"type": "host-local", "subnet": "203.0.113.0/24",
+                                    "dataDir": str(self.tmp / "ipam")}}]}  # fmt: skip
+        (delegates / "tke-route-eni.conflist").write_text(json.dumps(eni, indent=2))
+
+    def write_device_checkpoint(self, pod_uid: str) -> list[str]:
+        """What the kubelet records after the device plugin gave the pod its RDMA NICs."""
+        devices = [f"mlx5_bond_{i}" for i in range(self.pod_bonds)]
+        entry = {"PodUID": pod_uid, "ContainerName": "main", "ResourceName": RESOURCE,
+                 "DeviceIDs": {"0": devices}, "AllocResp": ""}  # fmt: skip
+        path = self.tmp / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
+        path.parent.mkdir(parents=True)
+        path.write_text(
+            json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {}}, "Checksum": 0})
+        )
+        return devices
+
+    # ---- running the tools -----------------------------------------------------------------------
+    def tool_env(self, pod_uid: str) -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "NETCONFPATH": str(self.conf_dir),
+            "CNI_PATH": str(self.bin_dir),
+            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={POD['namespace']};K8S_POD_NAME={POD['name']};"
+            f"K8S_POD_UID={pod_uid};K8S_POD_INFRA_CONTAINER_ID=demo",
+            # containerd hands the pod's annotations to a plugin that declares this capability.
+            "CAP_ARGS": json.dumps(
+                {"io.kubernetes.cri.pod-annotations": {ANNOTATION: "tke-route-eni,tke-rdma-macvlan"}}
+            ),
+        }
+        if not self.bundle:
+            env["PYTHONPATH"] = str(REPO)
+        return env
+
+    def cni_tool(self, *args: str, env: dict[str, str] | None = None, show: bool = True,
+                 check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        env = env or self.tool_env("")
+        cmd = ["ip", "netns", "exec", self.node, str(self.bin_dir / "cni-tool"), "--cache-dir",
+               str(self.tmp / "cache"), *args]  # fmt: skip
+        if show:
+            say(f"$ cni-tool {' '.join(args)}")
+        proc = run(*cmd, env=env, check=False)
+        if show and proc.stdout.strip():
+            say(proc.stdout.rstrip())
+        if check and proc.returncode != 0:
+            raise DemoFailed(
+                f"cni-tool {args[0]} failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}"
+            )
+        return proc
+
+    def node_options(self) -> list[str]:
+        return ["--sysfs-root", self.sysfs, "--netns", f"/run/netns/{self.node}", "--cni-bin-dir",
+                str(self.bin_dir), "--conf-dir", str(self.conf_dir), "--kubelet-root-dir", str(self.tmp / "kubelet"),
+                "--cache-dir", str(self.tmp / "cache")]  # fmt: skip
+
+    def host_snapshot(self) -> dict[str, Any]:
+        def j(*args: str) -> Any:
+            return json.loads(run("ip", "-n", self.node, "-j", *args).stdout or "[]")
+
+        addrs = [{"ifname": a["ifname"], "addr": [(x["family"], x["local"], x["prefixlen"]) for x in a["addr_info"]]}
+                 for a in j("addr")]  # fmt: skip
+        return {"addr": addrs, "route": j("route", "show", "table", "all"), "rule": j("rule")}
+
+    def ping(self, src_if: str, dst: str) -> float:
+        """One ICMP echo from the pod out of ``src_if``; the round trip in ms (no ping binary needed)."""
+        code = PING.replace("DST", dst).replace("IFACE", src_if)
+        proc = run("ip", "netns", "exec", self.pod, sys.executable, "-c", code, check=False)
+        if proc.returncode != 0:
+            raise DemoFailed(f"ping {dst} from the pod's {src_if} got no reply: {proc.stderr.strip()}")
+        return float(proc.stdout.strip())
+
+    def bonds_settled(self) -> bool:
+        links = json.loads(run("ip", "-n", self.node, "-j", "addr").stdout or "[]")
+        ready = {
+            a["ifname"]
+            for a in links
+            if a.get("operstate") == "UP"
+            and any(x["family"] == "inet6" and x["scope"] == "link" and not x.get("tentative")
+                    for x in a["addr_info"])
+        }  # fmt: skip
+        return set(self.bonds) <= ready
+
+    def host_has(self, bond: str) -> bool:
+        """Whether ``bond`` holds an IPv4 address on the node right now."""
+        out = run("ip", "-n", self.node, "-4", "-j", "addr", "show", "dev", bond).stdout
+        return any(a.get("addr_info") for a in json.loads(out or "[]"))
+
+    def wait_for(self, what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"timed out waiting for {what}")
+            time.sleep(0.05)
+
+    def cleanup(self) -> None:
+        for name in reversed(self.namespaces):
+            run("ip", "netns", "del", name, check=False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# The simulated node's process: SimNode serving in its main thread until SIGTERM.
+SIM_NODE = r"""
+import signal, sys, threading
+from rdma_cni.sim.model import MLX5_TYPES
+from rdma_cni.sim.node import SimNode, parse_bonds
+root, bonds, node_netns, prefix = sys.argv[1:5]
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the demo, which stops us by pid
+node = SimNode(root, parse_bonds(bonds), node_netns, "/run/netns", prefix, gid_slots=16, gid_types=MLX5_TYPES)
+with node:
+    print("ready", flush=True)
+    node.serve(stop)
+"""
+
+PING = r"""
+import os, socket, struct, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"IFACE")
+ident = os.getpid() & 0xFFFF
+def csum(b):
+    t = sum(struct.unpack("!%dH" % (len(b) // 2), b)); t = (t >> 16) + (t & 0xFFFF); t += t >> 16
+    return ~t & 0xFFFF
+body = struct.pack("!BBHHH", 8, 0, 0, ident, 1) + b"rdma-cni"
+pkt = body[:2] + struct.pack("!H", csum(body)) + body[4:]
+s.settimeout(0.5)
+end = time.time() + 5
+while time.time() < end:
+    t0 = time.perf_counter(); s.sendto(pkt, ("DST", 0))
+    try:
+        data, addr = s.recvfrom(2048)
+    except socket.timeout:
+        continue
+    hl = (data[0] & 15) * 4
+    if addr[0] == "DST" and data[hl] == 0 and struct.unpack("!H", data[hl + 4:hl + 6])[0] == ident:
+        print(f"{(time.perf_counter() - t0) * 1000:.2f}"); sys.exit(0)
+sys.exit(1)
+"""
+
+
+def scenario(d: Demo) -> None:
+    from rdma_cni.rdma import sysfs
+
+    banner(f"1. A simulated GPU node: netns {d.node}, {len(d.bonds)} bond NICs, switch {d.switch}")
+    d.build_node()
+    # Start the simulated RDMA devices on settled links (carrier up, IPv6 link-local in place), as on
+    # a node whose bonds came up at boot.
+    d.wait_for("the bonds' carrier", d.bonds_settled)
+    with d.rdma():
+        d.wait_for("the simulated RDMA devices", lambda: len(sysfs.list_ports(d.sysfs)) == len(d.bonds))
+        d.wait_for("the host GIDs", lambda: all(
+            sysfs.roce_v2_index(d.sysfs, f"mlx5_bond_{i}", 1, bond_addr(i)[0].split("/")[0]) is not None
+            for i in range(len(d.bonds))))  # fmt: skip
+        run("ip", "-n", d.node, "-br", "addr", show=True)
+        d.install_plugins()
+        d.write_configs()
+        before = d.host_snapshot()
+        d.cni_tool("gids", "--sysfs-root", d.sysfs)
+        host_index = sysfs.roce_v2_index(d.sysfs, "mlx5_bond_0", 1, bond_addr(0)[0].split("/")[0])
+        say(
+            f"-> the host's RoCE v2 GID index for bond0's IPv4 address is {host_index} (mlx5: v1 and v2 GIDs)"
+        )
+
+        banner(f"2. Pod {POD['namespace']}/{POD['name']}: annotation {ANNOTATION}: tke-route-eni,tke-rdma-macvlan; "
+               f"{RESOURCE}: {d.pod_bonds}")  # fmt: skip
+        pod_uid = str(uuid.uuid4())
+        devices = d.write_device_checkpoint(pod_uid)
+        say(f"kubelet device checkpoint: the device plugin gave the pod {', '.join(devices)}")
+        d.netns(d.pod)
+        env = d.tool_env(pod_uid)
+        d.cni_tool("add", "rdma-multus", f"/run/netns/{d.pod}", env=env)
+
+        banner("3. Inside the pod: eth0 from the cluster network, one interface per bond with the bond's IP")
+        run("ip", "-n", d.pod, "-br", "addr", show=True)
+        run("ip", "-n", d.pod, "route", "show", "table", "all", show=True)
+        run("ip", "-n", d.pod, "rule", show=True)
+        say()
+        say("The node meanwhile (the bonds lent to the pod have no IPv4 address now):")
+        run("ip", "-n", d.node, "-br", "addr", show=True)
+        pod_bonds = d.bonds[: d.pod_bonds]
+        for i, bond in enumerate(pod_bonds):
+            ip = bond_addr(i)[0].split("/")[0]
+            d.wait_for(f"the pod's GID on {bond}", lambda i=i, ip=ip, bond=bond: sysfs.roce_v2_index(
+                d.sysfs, f"mlx5_bond_{i}", 1, ip) is not None and not d.host_has(bond))  # fmt: skip
+        d.cni_tool("gids", "--sysfs-root", d.sysfs)
+        for i, bond in enumerate(pod_bonds):
+            ip = bond_addr(i)[0].split("/")[0]
+            index = sysfs.roce_v2_index(d.sysfs, f"mlx5_bond_{i}", 1, ip)
+            if index != host_index:
+                raise DemoFailed(f"the pod's GID for {ip} is at index {index}, the host's was {host_index}")
+            say(f"-> pod {bond}: RoCE v2 GID of {ip} at index {index}, the same as the host's: "
+                f"NCCL_IB_GID_INDEX={index} works in every pod")  # fmt: skip
+
+        banner("4. Traffic: ping the switch from each of the pod's bond interfaces")
+        for i, bond in enumerate(pod_bonds):
+            peer = bond_addr(i)[1].split("/")[0]
+            say(f"pod {bond} -> {peer}: reply in {d.ping(bond, peer)} ms")
+
+        banner("5. What the node says: cni-tool state and cni-tool doctor")
+        d.cni_tool("state", *d.node_options(), check=False)
+        d.cni_tool("doctor", *d.node_options(), check=False)
+
+        banner("6. Delete the pod: the IPs, routes and GIDs go back to the node")
+        d.cni_tool("del", "rdma-multus", f"/run/netns/{d.pod}", env=env)
+        run("ip", "netns", "del", d.pod)
+        d.namespaces.remove(d.pod)
+        after = d.host_snapshot()
+        run("ip", "-n", d.node, "-br", "addr", show=True)
+        for i, bond in enumerate(pod_bonds):
+            ip = bond_addr(i)[0].split("/")[0]
+            d.wait_for(f"the host's GID on {bond}", lambda i=i, ip=ip, bond=bond: sysfs.roce_v2_index(
+                d.sysfs, f"mlx5_bond_{i}", 1, ip, ndev=bond) is not None)  # fmt: skip
+        d.cni_tool("gids", "--sysfs-root", d.sysfs)
+        if after != before:
+            diff = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+            raise DemoFailed(f"the node is not as it was: {json.dumps(diff)[:2000]}")
+        index = sysfs.roce_v2_index(d.sysfs, "mlx5_bond_0", 1, bond_addr(0)[0].split("/")[0], ndev="bond0")
+        if index != host_index:
+            raise DemoFailed(f"bond0's GID came back at index {index}, it was {host_index}")
+        say(
+            f"-> node restored: addresses, routes and rules identical to before the pod; GID index {index} again"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bonds", type=int, default=4, help="bond NICs on the node (default 4)")
+    parser.add_argument("--pod-bonds", type=int, default=2, help="RDMA NICs the pod asks for (default 2)")
+    parser.add_argument("--bundle", default="", help="use the PyInstaller bundle in DIR (scripts/build), "
+                        "installed with scripts/install.sh, instead of the Python entry points")  # fmt: skip
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        sys.stderr.write("demo: needs root (it creates network namespaces)\n")
+        return 2
+    if not 1 <= args.pod_bonds <= args.bonds <= 8:
+        sys.stderr.write("demo: need 1 <= --pod-bonds <= --bonds <= 8\n")
+        return 2
+    sweep_leftovers()
+    demo = Demo(args.bonds, args.pod_bonds, os.path.abspath(args.bundle) if args.bundle else "")
+    signal.signal(signal.SIGTERM, _interrupted)
+    started = time.monotonic()
+    try:
+        scenario(demo)
+    except DemoFailed as exc:
+        say(f"\ndemo FAILED: {exc}")
+        _show_logs(demo)
+        return 1
+    except KeyboardInterrupt:
+        say("\ndemo interrupted")
+        return 130
+    finally:
+        demo.cleanup()
+        say(f"\ncleaned up: removed {demo.tag}-* namespaces and {demo.tmp}")
+    say(f"demo OK in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGTERM cleans up like Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def _show_logs(demo: Demo) -> None:
+    for log in sorted((demo.tmp / "log").glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()[-15:]
+        say(f"--- last lines of {log.name}:")
+        for line in lines:
+            say(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
