@@ -291,14 +291,33 @@ def forward_in_thread(sock: str, env: dict[str, str], stdin: bytes) -> tuple[thr
     return thread, box
 
 
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def test_agent_killed_mid_request_the_call_still_completes(agent: RunningAgent, tmp_path: Path) -> None:
     started, done = tmp_path / "started.json", tmp_path / "done.json"
     stdin = probe_conf(sleep=1.0, startedFile=str(started), probeFile=str(done))
     thread, box = forward_in_thread(agent.sock, cni_env("ADD"), stdin)
     read_json(started)
+    children = children_of(agent.pid)
+    assert len(children) >= 2  # the busy worker and at least one idle one
     os.kill(agent.pid, signal.SIGKILL)
     agent.proc.wait()
     thread.join(30)
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") and not is_zombie(pid) for pid in children):
+        assert time.monotonic() < deadline, "idle workers outlived the agent"
+        time.sleep(0.05)
     answer = box[0]
     assert isinstance(answer, client.Answer)
     assert (answer.stdout, answer.code) == in_process(cni_env("ADD"), probe_conf())

@@ -38,6 +38,18 @@ def enter_caller(net_fd: int, mnt_fd: int) -> None:
     os.chdir("/")  # the old cwd belongs to the agent's mount namespace
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(on: bool) -> None:
+    """Arm (SIGKILL) or disarm the signal the kernel sends this process when its parent dies."""
+    import signal
+
+    if _c().prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL) if on else 0, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+
+
 def warm() -> None:
     """Load libc in the parent so no worker pays for it."""
     _c()

@@ -1,4 +1,4 @@
-"""The agent's main loop: own the socket, fork a worker per connection, reap, reconcile on a timer.
+"""The agent's main loop: own the socket, keep forked workers ready (one call each), reap, reconcile.
 
 The parent stays single-threaded and holds no sockets but the listening one, so a fork copies only
 imported modules; ``gc.freeze()`` after the warm-up keeps those pages shared between workers.
@@ -6,7 +6,6 @@ imported modules; ``gc.freeze()`` after the warm-up keeps those pages shared bet
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import gc
 import logging
@@ -14,6 +13,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ from rdma_cni.agent.plugins import Registry
 log = logging.getLogger("rdma-agent")
 
 MAX_WORKERS = 32  # beyond this a call is refused and runs in-process: the node is overloaded anyway
+PREFORK = 2  # idle workers kept ready; more only cost memory (each is a copy-on-write fork)
 WARM_MODULES = (
     "rdma_cni.cni.dispatch",
     "rdma_cni.plugins.macvlan",
@@ -38,6 +39,7 @@ class AgentConfig:
     socket_path: str
     reconcile_interval: float = 60.0  # 0: only once at start; <0: never
     max_workers: int = MAX_WORKERS
+    prefork: int = PREFORK
     targets: dict[str, str] | None = None
 
 
@@ -46,7 +48,10 @@ class Agent:
     config: AgentConfig
     reconcile: Callable[[], None] | None = None
     registry: Registry = field(init=False)
-    workers: set[int] = field(default_factory=set)
+    idle: set[int] = field(default_factory=set)  # forked, waiting in accept()
+    busy: set[int] = field(default_factory=set)  # serving one call each
+    jobs: set[int] = field(default_factory=set)  # reconcile passes
+    _events: tuple[int, int] = (-1, -1)  # pipe: a worker writes its pid when it takes a call
     _listener: socket.socket | None = None
     _lock_fd: int = -1
     _inode: int | None = None
@@ -96,67 +101,106 @@ class Agent:
         self._inode = os.stat(path).st_ino
 
     def serve(self) -> None:
+        """Keep ``prefork`` workers waiting in accept(), so a call never waits for a fork; reap them,
+        replace the ones that took a call, and run reconcile on its timer."""
         assert self._listener is not None, "bind() first"
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
+        self._events = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         sel = selectors.DefaultSelector()
-        sel.register(self._listener, selectors.EVENT_READ)
+        sel.register(self._events[0], selectors.EVENT_READ, "events")
+        listening = False
         next_reconcile = time.monotonic() if self.config.reconcile_interval >= 0 else float("inf")
         try:
             while not self._stop:
                 self.reap()
+                self.top_up()
                 if time.monotonic() >= next_reconcile:
                     self.spawn_reconcile()
                     interval = self.config.reconcile_interval
                     next_reconcile = time.monotonic() + interval if interval > 0 else float("inf")
+                # With no idle worker left (all busy at the limit) the parent answers REFUSE itself,
+                # so callers fall back at once instead of waiting in the backlog.
+                want_listen = not self.idle
+                if want_listen != listening:
+                    if want_listen:
+                        sel.register(self._listener, selectors.EVENT_READ, "listener")
+                    else:
+                        sel.unregister(self._listener)
+                    listening = want_listen
                 timeout = min(1.0, max(0.0, next_reconcile - time.monotonic()))
-                if sel.select(timeout):
-                    self.accept_one()
+                for key, _ in sel.select(timeout):
+                    if key.data == "events":
+                        self.read_events()
+                    else:
+                        self.refuse_one()
         finally:
             sel.close()
             self.close()
 
-    def accept_one(self) -> None:
+    def top_up(self) -> None:
+        cfg = self.config
+        while len(self.idle) < cfg.prefork and len(self.idle) + len(self.busy) < cfg.max_workers:
+            self.idle.add(self._fork(self._wait_for_call, die_with_parent=True))
+
+    def _wait_for_call(self) -> None:
+        """An idle worker: take one connection, tell the parent, serve it. Dies with the parent while
+        idle (a killed agent must not leave workers accepting), never once it holds a call."""
+        assert self._listener is not None
+        os.close(self._events[0])
+        conn, _ = self._listener.accept()
+        namespaces.die_with_parent(False)
+        os.write(self._events[1], struct.pack("!I", os.getpid()))
+        self._listener.close()
+        try:
+            worker.handle(conn, self.registry)
+        finally:
+            conn.close()
+
+    def read_events(self) -> None:
+        try:
+            data = os.read(self._events[0], 4096)
+        except BlockingIOError:
+            return
+        for (pid,) in struct.iter_unpack("!I", data[: len(data) // 4 * 4]):
+            self.idle.discard(pid)
+            self.busy.add(pid)
+
+    def refuse_one(self) -> None:
         assert self._listener is not None
         try:
-            conn, _ = self._listener.accept()
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EINTR, errno.ECONNABORTED):
-                log.warning("accept: %s", exc)
+            conn, _ = self._listener.accept()  # readable, and no idle worker exists to take it
+        except OSError:
             return
+        log.warning("%d workers busy: refusing a call (it runs in-process)", len(self.busy))
         try:
-            if len(self.workers) >= self.config.max_workers:
-                self.reap()
-            if len(self.workers) >= self.config.max_workers:
-                log.warning("%d workers busy: refusing a call (it runs in-process)", len(self.workers))
-                try:
-                    conn.sendall(b"N")
-                except OSError:
-                    pass
-                return
-            pid = self._fork(lambda: worker.handle(conn, self.registry))
-            self.workers.add(pid)
+            conn.sendall(b"N")
+        except OSError:
+            pass
         finally:
             conn.close()
 
     def spawn_reconcile(self) -> None:
         if self.reconcile is None:
             return
-        job = self.reconcile
-        self.workers.add(self._fork(job))
+        self.jobs.add(self._fork(self.reconcile))
 
-    def _fork(self, body: Callable[[], None]) -> int:
+    def _fork(self, body: Callable[[], None], die_with_parent: bool = False) -> int:
+        parent = os.getpid()
         pid = os.fork()
         if pid:
             return pid
-        # Worker: run the body and leave without unwinding into the parent's loop. os._exit is the
+        # Child: run the body and leave without unwinding into the parent's loop. os._exit is the
         # only way out of a forked child that must not run the parent's cleanup.
         code = 0
         try:
+            if die_with_parent:
+                namespaces.die_with_parent(True)
+                if os.getppid() != parent:
+                    os._exit(0)  # the parent died before the death signal was armed
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            if self._listener is not None:
-                self._listener.close()
+            gc.disable()  # a worker lives for one call: collecting would only cost time
             body()
         except BaseException:  # report and leave; the parent keeps serving
             log.exception("worker failed")
@@ -165,13 +209,14 @@ class Agent:
             os._exit(code)
 
     def reap(self) -> None:
-        for pid in list(self.workers):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid
-            if done:
-                self.workers.discard(pid)
+        for group in (self.idle, self.busy, self.jobs):
+            for pid in list(group):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    group.discard(pid)
 
     def _on_stop(self, signum: int, _frame: object) -> None:
         log.info("signal %d: stopping (running workers finish their calls)", signum)

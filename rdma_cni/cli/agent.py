@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME=MODULE:ATTR",
         help="serve another plugin spec (default: rdma-macvlan and rdma-multus)",
     )
-    ap.add_argument("--max-workers", type=int, default=32)
+    ap.add_argument("--max-workers", type=int, default=32, help="calls served at once; more run in-process")
+    ap.add_argument("--prefork", type=int, default=2, help="idle workers kept ready for the next call")
     ap.add_argument("--log-file", default="")
     ap.add_argument("--log-level", default="info")
     return ap.parse_args(argv)
@@ -74,7 +75,14 @@ def main(argv: list[str] | None = None) -> None:
             targets[name] = target
     from rdma_cni.agent.reconcile import Reconciler
 
-    agent = Agent(AgentConfig(args.socket, args.reconcile_interval, args.max_workers, targets))
+    config = AgentConfig(
+        socket_path=args.socket,
+        reconcile_interval=args.reconcile_interval,
+        max_workers=args.max_workers,
+        prefork=args.prefork,
+        targets=targets,
+    )
+    agent = Agent(config)
     agent.reconcile = Reconciler(agent.registry, args.conf, args.conf_dir, args.cni_path).run
     served = agent.warm_up()
     try:
