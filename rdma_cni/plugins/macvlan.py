@@ -32,9 +32,11 @@ from rdma_cni.cni.result import parse as parse_result
 from rdma_cni.net import addresses, links, routes
 from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.net.rtnl import attr
+from rdma_cni.plugins import macvlan_rdma
 from rdma_cni.plugins import macvlan_tx as tx
 from rdma_cni.plugins.macvlan_config import MacvlanConfig, parse_config
 from rdma_cni.plugins.macvlan_select import choose_bonds, describe_pins
+from rdma_cni.rdma.mode import require_mode
 from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState
 
 log = logging.getLogger("rdma_cni.macvlan")
@@ -84,8 +86,11 @@ class MacvlanPlugin:
         )
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i))
+        macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
+        macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: state.put(rec),
                             mode=cfg.mode, mac=_requested_mac(req))
+        ctx.rdma_step = lambda b, i: macvlan_rdma.attach(cfg, rec, b, ns, _ipam_ipv4(ctx, i), ctx.save)
         state.put(rec)  # write-ahead: from here on a crash is repaired by DEL or GC
         step = ["write-ahead"]
         current = rec.bonds[0].bond
@@ -102,6 +107,7 @@ class MacvlanPlugin:
             rec.phase = PHASE_ADDED
             state.put(rec)
             fp.hit("committed")
+            macvlan_rdma.refresh_host_record(cfg, host)
         except BaseException as exc:
             self._rollback(req, cfg, state, rec, host)
             if isinstance(exc, CniError):
@@ -126,11 +132,17 @@ class MacvlanPlugin:
                 return "it holds no IP address to move"
             return ""
 
-        return choose_bonds(req, masters, cfg.count, state.pins(), usable, lambda m: None, cfg.sysfs_root)
+        return choose_bonds(
+            req, masters, cfg.count, state.pins(), usable, lambda m: macvlan_rdma.device_of(cfg, m),
+            cfg.sysfs_root,
+        )
 
     def _masters(self, cfg: MacvlanConfig) -> list[str]:
         if cfg.masters:
             return list(cfg.masters)
+        found = macvlan_rdma.default_masters(cfg)
+        if found:
+            return found
         raise CniError(
             INVALID_CONFIG,
             "config key 'masters' is missing and no RDMA device backs a netdev on this node: "
@@ -180,7 +192,7 @@ class MacvlanPlugin:
         netns_path: str, fp: tx.Failpoints | None = None,
     ) -> None:
         """Undo one recorded attachment completely, then drop its record (the pin goes with it)."""
-        tx.teardown(rec, host, netns_path, fp)
+        tx.teardown(rec, host, netns_path, fp, detach=lambda b, ns: macvlan_rdma.detach(cfg, rec, b, ns))
         if rec.ipam is not None:
             self._ipam_del(req, rec)
         state.remove(rec.container_id, rec.ifname)
@@ -243,6 +255,7 @@ class MacvlanPlugin:
             host = netlink_in(None)
             try:
                 self._forget(req, cfg, state, rec, host, req.netns, fp)
+                macvlan_rdma.refresh_host_record(cfg, host)
             finally:
                 host.close()
 
@@ -292,6 +305,7 @@ class MacvlanPlugin:
                         self._forget(req, cfg, state, rec, host, "", fp)
                     except CniError as exc:
                         failures.append(f"{rec.container_id}/{rec.ifname}: {exc.msg}")
+                macvlan_rdma.refresh_host_record(cfg, host)
             finally:
                 host.close()
         if failures:
@@ -309,8 +323,10 @@ class MacvlanPlugin:
             raise CniError(STATUS_UNAVAILABLE, f"state dir unusable: {exc}") from exc
         try:
             masters = self._masters(cfg)
+            if any(macvlan_rdma.device_of(cfg, m) for m in masters):
+                require_mode(cfg.sysfs_root, cfg.rdma.netns_mode)
         except CniError as exc:
-            raise CniError(STATUS_UNAVAILABLE, exc.msg) from exc
+            raise CniError(STATUS_UNAVAILABLE, exc.msg, exc.details) from exc
         pins = state.pins()
         host = netlink_in(None)
         try:
@@ -329,6 +345,11 @@ class MacvlanPlugin:
             host.close()
         raise CniError(STATUS_UNAVAILABLE, "no bond can be handed out now: " + "; ".join(reasons)
                        + f" ({describe_pins(pins)})")
+
+
+def _ipam_ipv4(ctx: tx.AddContext, i: int) -> str | None:
+    """The IPAM-assigned IPv4 of bond ``i`` (None: the bond's own, moved address counts)."""
+    return next((ip for ip, _ in ctx.extra_ips.get(i, []) if ":" not in ip), None)
 
 
 def _requested_mac(req: Request) -> str:

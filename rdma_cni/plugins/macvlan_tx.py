@@ -105,7 +105,7 @@ class AddContext:
     mac: str = ""
     ipam_routes: list[tuple[str, str]] = field(default_factory=list)  # IPAM: (dst, gw) for bond 0
     extra_ips: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # IPAM: bond# -> (ip, plen)
-    rdma_step: Callable[[BondRecord, int], None] | None = None
+    rdma_step: Callable[[BondRecord, int], None] | None = None  # (bond, its position)
 
 
 def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
@@ -134,7 +134,7 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     ctx.fp.hit("routes-added")
     if ctx.rdma_step is not None:
         step[0] = "RDMA"
-        ctx.rdma_step(b, index)
+        ctx.rdma_step(b, i)
     ctx.fp.hit("rdma-checked")
     step[0] = "announce the addresses"
     link = links.get_link(ctx.pod, index=index)
@@ -176,30 +176,31 @@ def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int, multi: bool
             ctx.pod.route("add", **kwargs)
 
 
-def delete_pod_side(rec: AttachmentRecord, netns_path: str) -> bool:
-    """Delete our interfaces in the pod netns when it is still the recorded one; True if it was."""
-    paths = [p for p in dict.fromkeys([netns_path, rec.netns]) if p]
-    for path in paths:
+def recorded_netns(rec: AttachmentRecord, netns_path: str) -> Netns | None:
+    """The pod netns, opened, if it still exists and is the recorded one (inode); else None."""
+    for path in [p for p in dict.fromkeys([netns_path, rec.netns]) if p]:
         try:
             ns = open_netns(path)
         except NetnsUnavailable as exc:
             log.info("pod netns %s: %s; its interfaces went with it", path, exc.msg)
             continue
-        with ns:
-            if ns.inode != rec.netns_inode:
-                log.warning("netns %s is now another namespace (inode %d, recorded %d): not touched",
-                            path, ns.inode, rec.netns_inode)
-                continue
-            pod = netlink_in(ns)
-            try:
-                for b in rec.bonds:
-                    for name in (b.pod_ifname, b.temp_name):
-                        if _ours(pod, name, b):
-                            links.delete_link(pod, name)
-            finally:
-                pod.close()
-            return True
-    return False
+        if ns.inode == rec.netns_inode:
+            return ns
+        log.warning("netns %s is now another namespace (inode %d, recorded %d): not touched",
+                    path, ns.inode, rec.netns_inode)
+        ns.close()
+    return None
+
+
+def delete_pod_links(rec: AttachmentRecord, ns: Netns) -> None:
+    pod = netlink_in(ns)
+    try:
+        for b in rec.bonds:
+            for name in (b.pod_ifname, b.temp_name):
+                if _ours(pod, name, b):
+                    links.delete_link(pod, name)
+    finally:
+        pod.close()
 
 
 def _ours(pod: Any, name: str, b: BondRecord) -> bool:
@@ -226,16 +227,34 @@ def restore_host(host: Any, b: BondRecord) -> list[str]:
     return problems
 
 
-def teardown(rec: AttachmentRecord, host: Any, netns_path: str, fp: Failpoints | None = None) -> None:
-    """Undo an attachment from its record alone: pod interfaces first, then the host's addresses."""
-    delete_pod_side(rec, netns_path)
-    if fp:
-        fp.hit("del-pod-cleaned")
+Detach = Callable[[BondRecord, "Netns | None"], None]
+
+
+def teardown(
+    rec: AttachmentRecord, host: Any, netns_path: str, fp: Failpoints | None = None,
+    detach: Detach | None = None,
+) -> None:
+    """Undo an attachment from its record alone: pod interfaces first, then the host's addresses.
+
+    ``detach`` (the RDMA steps) runs per bond between the two, with the pod netns when it is still
+    there: giving back an exclusive-mode device, waiting for the pod's GID to leave its slot.
+    """
+    ns = recorded_netns(rec, netns_path)
     problems: list[str] = []
-    for b in rec.bonds:
-        problems += restore_host(host, b)
+    try:
+        if ns is not None:
+            delete_pod_links(rec, ns)
         if fp:
-            fp.hit("del-host-restored")
+            fp.hit("del-pod-cleaned")
+        for b in rec.bonds:
+            if detach is not None:
+                detach(b, ns)
+            problems += restore_host(host, b)
+            if fp:
+                fp.hit("del-host-restored")
+    finally:
+        if ns is not None:
+            ns.close()
     if problems:
         raise CniError(NETLINK_FAILURE, "could not restore the host: " + "; ".join(problems))
 

@@ -1,0 +1,140 @@
+"""The RDMA steps of rdma-macvlan's transaction (DESIGN.md "ADD, per bond", step 4).
+
+Before write-ahead (:func:`plan`): find the RDMA device behind the bond, check the kernel's RDMA
+netns mode once, and read the host's RoCE v2 GID index of the bond's IPv4 address — recorded so the
+pod's index can be checked against it after the move, and so DEL knows which slot to wait for.
+In the transaction (:func:`attach`), after the address moved and the link is up: move the device
+into the pod in exclusive mode, wait for the pod's GID, check its index, write the GID record.
+On teardown (:func:`detach`): give an exclusive-mode device back, wait until the pod's GID left its
+slot (a deleted netns is torn down asynchronously; re-adding the IP before that puts the host's GID
+at another index), and remove the GID record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from rdma_cni.cni.errors import NO_RDMA_DEVICE, CniError
+from rdma_cni.net import addresses
+from rdma_cni.net.netns import Netns, open_netns
+from rdma_cni.plugins.macvlan_config import MacvlanConfig
+from rdma_cni.rdma import gid, mode, nldev, records, sysfs
+from rdma_cni.state import AttachmentRecord, BondRecord
+
+log = logging.getLogger("rdma_cni.macvlan")
+
+
+def default_masters(cfg: MacvlanConfig) -> list[str]:
+    """Every netdev that backs a RoCE port, in device order."""
+    out = []
+    for port in sysfs.list_ports(cfg.sysfs_root):
+        if port.netdev and port.link_layer == "Ethernet" and port.netdev not in out:
+            out.append(port.netdev)
+    return out
+
+
+def device_of(cfg: MacvlanConfig, netdev: str) -> str | None:
+    port = sysfs.port_for_netdev(cfg.sysfs_root, netdev)
+    return port.device if port else None
+
+
+def _first_ipv4(b: BondRecord) -> str | None:
+    for a in b.addresses:
+        if not addresses.is_ipv6(a):
+            return addresses.ip_of(a)
+    return None
+
+
+def plan(cfg: MacvlanConfig, bonds: list[BondRecord]) -> None:
+    """Fill ``b.rdma`` for every bond that has an RDMA device (or fail when one is required)."""
+    checked = False
+    for b in bonds:
+        port = sysfs.port_for_netdev(cfg.sysfs_root, b.bond)
+        if port is None:
+            if cfg.rdma.required:
+                raise CniError(
+                    NO_RDMA_DEVICE,
+                    f"{b.bond} has no RDMA device under {cfg.sysfs_root}/class/infiniband",
+                    "attach one (e.g. `rdma link add` for Soft-RoCE), remove the bond from 'masters', "
+                    "or set rdma.required to false for a TCP-only network",
+                )
+            b.rdma = None
+            continue
+        if not checked:
+            mode.require_mode(cfg.sysfs_root, cfg.rdma.netns_mode)
+            checked = True
+        ip = _first_ipv4(b)
+        host_index = sysfs.roce_v2_index(cfg.sysfs_root, port.device, port.port, ip, b.bond) if ip else None
+        b.rdma = {
+            "device": port.device,
+            "port": port.port,
+            "uverbs": port.uverbs,
+            "ip": ip,
+            "hostGidIndex": host_index,
+            "netnsMode": cfg.rdma.netns_mode,
+            "moved": False,
+        }
+
+
+def attach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, ns: Netns, ip: str | None,
+           save: Any) -> None:
+    """In the transaction, after the pod interface holds the IP and is up."""
+    info = b.rdma
+    if info is None:
+        return
+    ip = ip or info["ip"]
+    if ip:
+        # Read while the device is still in the node netns: the index is fixed when the address lands.
+        entry = gid.wait_for_gid(cfg.sysfs_root, info["device"], info["port"], ip, cfg.rdma.gid_timeout_ms,
+                                 ndev=b.pod_ifname)
+        expected = cfg.rdma.gid_index if isinstance(cfg.rdma.gid_index, int) else info["hostGidIndex"]
+        if expected is not None:
+            source = "configured" if isinstance(cfg.rdma.gid_index, int) else "host"
+            gid.check_gid_index(entry, expected, source, cfg.sysfs_root)
+        info["podGidIndex"] = entry.index
+        records.write_pod_record(cfg.run_dir, rec.container_id, b.pod_ifname, entry, info["uverbs"])
+    else:
+        log.info("%s: no IPv4 address on the pod interface, no RoCE v2 GID to check", b.pod_ifname)
+    if cfg.rdma.netns_mode == mode.EXCLUSIVE and not info["moved"]:
+        info["moved"] = True  # recorded first: a crash right after the move must give it back
+        save()
+        nldev.set_device_netns(info["device"], ns.fd)
+
+
+def detach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, pod_ns: Netns | None) -> None:
+    """Before the bond gets its addresses back."""
+    info = b.rdma
+    if info is None:
+        return
+    if info.get("moved") and pod_ns is not None:
+        try:
+            with open_netns("/proc/thread-self/ns/net") as home:
+                nldev.set_device_netns(info["device"], home.fd, from_netns_fd=pod_ns.fd)
+        except OSError as exc:  # the kernel returns it to the host when the netns dies anyway
+            log.warning("could not give %s back from %s: %s", info["device"], rec.netns, exc)
+    if info.get("ip"):
+        if not gid.wait_for_gid_gone(cfg.sysfs_root, info["device"], info["port"], info["ip"],
+                                     cfg.rdma.gid_timeout_ms):
+            log.warning("the pod's GID of %s is still in %s's table; the host's may land elsewhere",
+                        info["ip"], info["device"])
+    records.remove_pod_records(cfg.run_dir, rec.container_id, b.pod_ifname)
+
+
+def refresh_host_record(cfg: MacvlanConfig, host: Any) -> None:
+    """Keep ``runDir/gid/host.json`` current; never fails a verb (it is advisory for readers)."""
+    from rdma_cni.net import links
+
+    try:
+        if not os.path.isdir(os.path.join(cfg.sysfs_root, "class", "infiniband")):
+            return
+        host_ipv4: dict[str, list[str]] = {}
+        for port in sysfs.list_ports(cfg.sysfs_root):
+            link = links.get_link(host, port.netdev) if port.netdev else None
+            if link is not None:
+                host_ipv4[link.name] = [addresses.ip_of(a) for a in addresses.snapshot(host, link.index)
+                                        if not addresses.is_ipv6(a)]
+        records.update_host_record(cfg.run_dir, cfg.sysfs_root, host_ipv4)
+    except (OSError, ValueError) as exc:
+        log.warning("could not update %s/gid/host.json: %s", cfg.run_dir, exc)
