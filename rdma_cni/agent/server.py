@@ -107,8 +107,14 @@ class Agent:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         self._events = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # A worker's death wakes the loop at once (SIGCHLD through a wakeup pipe), so a killed idle
+        # worker is replaced before the next call has to be refused.
+        wakeup = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
         sel = selectors.DefaultSelector()
         sel.register(self._events[0], selectors.EVENT_READ, "events")
+        sel.register(wakeup[0], selectors.EVENT_READ, "wakeup")
         listening = False
         next_reconcile = time.monotonic() if self.config.reconcile_interval >= 0 else float("inf")
         try:
@@ -132,10 +138,19 @@ class Agent:
                 for key, _ in sel.select(timeout):
                     if key.data == "events":
                         self.read_events()
+                    elif key.data == "wakeup":
+                        _drain(wakeup[0])
                     else:
-                        self.refuse_one()
+                        self.reap()
+                        self.top_up()
+                        if not self.idle:
+                            self.refuse_one()
         finally:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             sel.close()
+            for fd in wakeup:
+                os.close(fd)
             self.close()
 
     def top_up(self) -> None:
@@ -198,8 +213,9 @@ class Agent:
                 namespaces.die_with_parent(True)
                 if os.getppid() != parent:
                     os._exit(0)  # the parent died before the death signal was armed
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                signal.signal(signum, signal.SIG_DFL)
             gc.disable()  # a worker lives for one call: collecting would only cost time
             body()
         except BaseException:  # report and leave; the parent keeps serving
@@ -241,6 +257,14 @@ def _socket_inode(path: str) -> int | None:
         return os.stat(path).st_ino
     except OSError:
         return None
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _unlink(path: str) -> None:
