@@ -36,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +66,18 @@ def banner(step: str) -> None:
     say(f"=== {step} " + "=" * max(0, 96 - len(step)))
 
 
-def run(*args: str, check: bool = True, env: dict[str, str] | None = None, show: bool = False,
-        stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def run(
+    *args: str,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    show: bool = False,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     if show:
         say(f"$ {' '.join(args)}")
-    proc = subprocess.run(list(args), capture_output=True, text=True, env=env, input=stdin, timeout=120,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        list(args), capture_output=True, text=True, env=env, input=stdin, timeout=120, check=False
+    )
     if show and proc.stdout.strip():
         say(proc.stdout.rstrip())
     if check and proc.returncode != 0:
@@ -110,16 +117,37 @@ class Demo:
         run("ip", "netns", "add", name)
         self.namespaces.append(name)
         run("ip", "-n", name, "link", "set", "lo", "up")
-        run("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0",
-            "net.ipv6.conf.default.dad_transmits=0")  # fmt: skip
+        run(
+            "ip",
+            "netns",
+            "exec",
+            name,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.dad_transmits=0",
+            "net.ipv6.conf.default.dad_transmits=0",
+        )
 
     def build_node(self) -> None:
         self.netns(self.node)
         self.netns(self.switch)
         for i, bond in enumerate(self.bonds):
             mine, peer = bond_addr(i)
-            run("ip", "-n", self.node, "link", "add", bond, "type", "veth", "peer", "name", f"sw{i}",
-                "netns", self.switch)  # fmt: skip
+            run(
+                "ip",
+                "-n",
+                self.node,
+                "link",
+                "add",
+                bond,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"sw{i}",
+                "netns",
+                self.switch,
+            )
             run("ip", "-n", self.switch, "addr", "add", peer, "dev", f"sw{i}")
             run("ip", "-n", self.switch, "link", "set", f"sw{i}", "up")
             run("ip", "-n", self.node, "addr", "add", mine, "dev", bond)
@@ -129,8 +157,12 @@ class Demo:
     def rdma(self) -> Iterator[None]:
         """The simulated RDMA devices: H3's SimNode with mlx5's GID types (RoCE v1 + v2, so the IPv4
         RoCE v2 GID sits at index 3 as in the seed), run as its own process like the kernel would be."""
-        args = [self.sysfs, ",".join(f"{b}:mlx5_bond_{i}" for i, b in enumerate(self.bonds)),
-                f"/run/netns/{self.node}", f"{self.tag}-pod"]  # fmt: skip
+        args = [
+            self.sysfs,
+            ",".join(f"{b}:mlx5_bond_{i}" for i, b in enumerate(self.bonds)),
+            f"/run/netns/{self.node}",
+            f"{self.tag}-pod",
+        ]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         proc = subprocess.Popen(
             [sys.executable, "-c", SIM_NODE, *args], stdout=subprocess.PIPE, text=True, env=env
@@ -150,8 +182,16 @@ class Demo:
     def install_plugins(self) -> None:
         self.bin_dir.mkdir()
         if self.bundle:
-            run(str(REPO / "scripts" / "install.sh"), "--bundle", self.bundle, "--cni-bin-dir", str(self.bin_dir),
-                "--conf-dir", str(self.tmp / "installed.d"), show=True)  # fmt: skip
+            run(
+                str(REPO / "scripts" / "install.sh"),
+                "--bundle",
+                self.bundle,
+                "--cni-bin-dir",
+                str(self.bin_dir),
+                "--conf-dir",
+                str(self.tmp / "installed.d"),
+                show=True,
+            )
         else:
             for name, module in (
                 ("rdma-macvlan", "macvlan"),
@@ -163,8 +203,10 @@ class Demo:
                 path.chmod(0o755)
         ref = next((d for d in REFERENCE_PLUGINS if os.access(os.path.join(d, "ptp"), os.X_OK)), None)
         if ref is None:
-            raise DemoFailed("the reference plugins (ptp, host-local) are missing: run scripts/setup "
-                             "(Debian package containernetworking-plugins)")  # fmt: skip
+            raise DemoFailed(
+                "the reference plugins (ptp, host-local) are missing: run scripts/setup "
+                "(Debian package containernetworking-plugins)"
+            )
         for name in ("ptp", "host-local"):
             (self.bin_dir / name).symlink_to(os.path.join(ref, name))
 
@@ -174,27 +216,49 @@ class Demo:
         delegates.mkdir(parents=True)
         meta = json.loads((src / "00-rdma-multus.conflist").read_text())
         meta["plugins"][0].update(
-            confDir=str(delegates), kubeconfig="", cacheDir=str(self.tmp / "multus-cache"),
-            kubeletRootDir=str(self.tmp / "kubelet"), logFile=str(self.tmp / "log" / "rdma-multus.log"),
-        )  # fmt: skip
+            confDir=str(delegates),
+            kubeconfig="",
+            cacheDir=str(self.tmp / "multus-cache"),
+            kubeletRootDir=str(self.tmp / "kubelet"),
+            logFile=str(self.tmp / "log" / "rdma-multus.log"),
+        )
         (self.conf_dir / "00-rdma-multus.conflist").write_text(json.dumps(meta, indent=2))
         macvlan = json.loads((src / "rdma-multus.d" / "tke-rdma-macvlan.conf").read_text())
         macvlan.update(
-            masters=self.bonds, dataDir=str(self.tmp / "state"), runDir=str(self.tmp / "run"), sysfsRoot=self.sysfs,
+            masters=self.bonds,
+            dataDir=str(self.tmp / "state"),
+            runDir=str(self.tmp / "run"),
+            sysfsRoot=self.sysfs,
             logFile=str(self.tmp / "log" / "rdma-cni.log"),
-        )  # fmt: skip
+        )
         (delegates / "tke-rdma-macvlan.conf").write_text(json.dumps(macvlan, indent=2))
         # The cluster network (tke-route-eni on TKE) played by the reference ptp plugin.
-        eni = {"cniVersion": "1.0.0", "name": "tke-route-eni", "plugins": [{
-            "type": "ptp", "ipam": {"type": "host-local", "subnet": "203.0.113.0/24",
-                                    "dataDir": str(self.tmp / "ipam")}}]}  # fmt: skip
+        eni = {
+            "cniVersion": "1.0.0",
+            "name": "tke-route-eni",
+            "plugins": [
+                {
+                    "type": "ptp",
+                    "ipam": {
+                        "type": "host-local",
+                        "subnet": "203.0.113.0/24",
+                        "dataDir": str(self.tmp / "ipam"),
+                    },
+                }
+            ],
+        }
         (delegates / "tke-route-eni.conflist").write_text(json.dumps(eni, indent=2))
 
     def write_device_checkpoint(self, pod_uid: str) -> list[str]:
         """What the kubelet records after the device plugin gave the pod its RDMA NICs."""
         devices = [f"mlx5_bond_{i}" for i in range(self.pod_bonds)]
-        entry = {"PodUID": pod_uid, "ContainerName": "main", "ResourceName": RESOURCE,
-                 "DeviceIDs": {"0": devices}, "AllocResp": ""}  # fmt: skip
+        entry = {
+            "PodUID": pod_uid,
+            "ContainerName": "main",
+            "ResourceName": RESOURCE,
+            "DeviceIDs": {"0": devices},
+            "AllocResp": "",
+        }
         path = self.tmp / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
         path.parent.mkdir(parents=True)
         path.write_text(
@@ -219,11 +283,20 @@ class Demo:
             env["PYTHONPATH"] = str(REPO)
         return env
 
-    def cni_tool(self, *args: str, env: dict[str, str] | None = None, show: bool = True,
-                 check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def cni_tool(
+        self, *args: str, env: dict[str, str] | None = None, show: bool = True, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         env = env or self.tool_env("")
-        cmd = ["ip", "netns", "exec", self.node, str(self.bin_dir / "cni-tool"), "--cache-dir",
-               str(self.tmp / "cache"), *args]  # fmt: skip
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            self.node,
+            str(self.bin_dir / "cni-tool"),
+            "--cache-dir",
+            str(self.tmp / "cache"),
+            *args,
+        ]
         if show:
             say(f"$ cni-tool {' '.join(args)}")
         proc = run(*cmd, env=env, check=False)
@@ -236,16 +309,32 @@ class Demo:
         return proc
 
     def node_options(self) -> list[str]:
-        return ["--sysfs-root", self.sysfs, "--netns", f"/run/netns/{self.node}", "--cni-bin-dir",
-                str(self.bin_dir), "--conf-dir", str(self.conf_dir), "--kubelet-root-dir", str(self.tmp / "kubelet"),
-                "--cache-dir", str(self.tmp / "cache")]  # fmt: skip
+        return [
+            "--sysfs-root",
+            self.sysfs,
+            "--netns",
+            f"/run/netns/{self.node}",
+            "--cni-bin-dir",
+            str(self.bin_dir),
+            "--conf-dir",
+            str(self.conf_dir),
+            "--kubelet-root-dir",
+            str(self.tmp / "kubelet"),
+            "--cache-dir",
+            str(self.tmp / "cache"),
+        ]
 
     def host_snapshot(self) -> dict[str, Any]:
         def j(*args: str) -> Any:
             return json.loads(run("ip", "-n", self.node, "-j", *args).stdout or "[]")
 
-        addrs = [{"ifname": a["ifname"], "addr": [(x["family"], x["local"], x["prefixlen"]) for x in a["addr_info"]]}
-                 for a in j("addr")]  # fmt: skip
+        addrs = [
+            {
+                "ifname": a["ifname"],
+                "addr": [(x["family"], x["local"], x["prefixlen"]) for x in a["addr_info"]],
+            }
+            for a in j("addr")
+        ]
         return {"addr": addrs, "route": j("route", "show", "table", "all"), "rule": j("rule")}
 
     def ping(self, src_if: str, dst: str) -> float:
@@ -262,9 +351,11 @@ class Demo:
             a["ifname"]
             for a in links
             if a.get("operstate") == "UP"
-            and any(x["family"] == "inet6" and x["scope"] == "link" and not x.get("tentative")
-                    for x in a["addr_info"])
-        }  # fmt: skip
+            and any(
+                x["family"] == "inet6" and x["scope"] == "link" and not x.get("tentative")
+                for x in a["addr_info"]
+            )
+        }
         return set(self.bonds) <= ready
 
     def host_has(self, bond: str) -> bool:
@@ -325,96 +416,130 @@ sys.exit(1)
 """
 
 
-def scenario(d: Demo) -> None:
+def bond_ip(i: int) -> str:
+    return bond_addr(i)[0].split("/")[0]
+
+
+def gid_index(d: Demo, i: int, ndev: str | None = None) -> int | None:
+    """Index of the RoCE v2 GID of bond i's IPv4 address in mlx5_bond_i's table (None: not there)."""
     from rdma_cni.rdma import sysfs
 
+    return sysfs.roce_v2_index(d.sysfs, f"mlx5_bond_{i}", 1, bond_ip(i), ndev=ndev)
+
+
+def step_node(d: Demo) -> int:
+    """The node with its bonds and RDMA devices; returns the host's GID index."""
+    from rdma_cni.rdma import sysfs
+
+    d.wait_for("the simulated RDMA devices", lambda: len(sysfs.list_ports(d.sysfs)) == len(d.bonds))
+    d.wait_for("the host GIDs", lambda: all(gid_index(d, i) is not None for i in range(len(d.bonds))))
+    run("ip", "-n", d.node, "-br", "addr", show=True)
+    d.install_plugins()
+    d.write_configs()
+    d.cni_tool("gids", "--sysfs-root", d.sysfs)
+    host_index = gid_index(d, 0)
+    if host_index is None:
+        raise DemoFailed("bond0's address has no RoCE v2 GID on the simulated node")
+    say(f"-> the host's RoCE v2 GID index for bond0's IPv4 address is {host_index} (mlx5: v1 and v2 GIDs)")
+    return host_index
+
+
+def step_add(d: Demo) -> dict[str, str]:
+    networks = "tke-route-eni,tke-rdma-macvlan"
+    banner(f"2. Pod {POD['namespace']}/{POD['name']}: {ANNOTATION}: {networks}; {RESOURCE}: {d.pod_bonds}")
+    pod_uid = str(uuid.uuid4())
+    devices = d.write_device_checkpoint(pod_uid)
+    say(f"kubelet device checkpoint: the device plugin gave the pod {', '.join(devices)}")
+    d.netns(d.pod)
+    env = d.tool_env(pod_uid)
+    d.cni_tool("add", "rdma-multus", f"/run/netns/{d.pod}", env=env)
+    return env
+
+
+def step_pod_view(d: Demo, host_index: int) -> None:
+    banner("3. Inside the pod: eth0 from the cluster network, one interface per bond with the bond's IP")
+    run("ip", "-n", d.pod, "-br", "addr", show=True)
+    run("ip", "-n", d.pod, "route", "show", "table", "all", show=True)
+    run("ip", "-n", d.pod, "rule", show=True)
+    say()
+    say("The node meanwhile (the bonds lent to the pod have no IPv4 address now):")
+    run("ip", "-n", d.node, "-br", "addr", show=True)
+    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+        d.wait_for(f"the pod's GID on {bond}", partial(_moved, d, i, bond))
+    d.cni_tool("gids", "--sysfs-root", d.sysfs)
+    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+        index = gid_index(d, i)
+        if index != host_index:
+            raise DemoFailed(
+                f"the pod's GID for {bond_ip(i)} is at index {index}, the host's was {host_index}"
+            )
+        say(
+            f"-> pod {bond}: RoCE v2 GID of {bond_ip(i)} at index {index}, the same as the host's: "
+            f"NCCL_IB_GID_INDEX={index} works in every pod"
+        )
+
+
+def _moved(d: Demo, i: int, bond: str) -> bool:
+    return gid_index(d, i) is not None and not d.host_has(bond)
+
+
+def step_traffic(d: Demo) -> None:
+    banner("4. Traffic: ping the switch from each of the pod's bond interfaces")
+    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+        peer = bond_addr(i)[1].split("/")[0]
+        say(f"pod {bond} -> {peer}: reply in {d.ping(bond, peer)} ms")
+
+
+def step_delete(d: Demo, env: dict[str, str], before: dict[str, Any], host_index: int) -> None:
+    banner("6. Delete the pod: the IPs, routes and GIDs go back to the node")
+    d.cni_tool("del", "rdma-multus", f"/run/netns/{d.pod}", env=env)
+    run("ip", "netns", "del", d.pod)
+    d.namespaces.remove(d.pod)
+    after = d.host_snapshot()
+    run("ip", "-n", d.node, "-br", "addr", show=True)
+    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+        d.wait_for(
+            f"the host's GID on {bond}", partial(lambda i, bond: gid_index(d, i, bond) is not None, i, bond)
+        )
+    d.cni_tool("gids", "--sysfs-root", d.sysfs)
+    if after != before:
+        diff = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        raise DemoFailed(f"the node is not as it was: {json.dumps(diff)[:2000]}")
+    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+        index = gid_index(d, i, bond)
+        if index != host_index:
+            raise DemoFailed(f"{bond}'s GID came back at index {index}, it was {host_index}")
+    say(f"-> node restored: addresses, routes and rules as before the pod; GID index {host_index} again")
+
+
+def scenario(d: Demo) -> None:
     banner(f"1. A simulated GPU node: netns {d.node}, {len(d.bonds)} bond NICs, switch {d.switch}")
     d.build_node()
     # Start the simulated RDMA devices on settled links (carrier up, IPv6 link-local in place), as on
     # a node whose bonds came up at boot.
     d.wait_for("the bonds' carrier", d.bonds_settled)
     with d.rdma():
-        d.wait_for("the simulated RDMA devices", lambda: len(sysfs.list_ports(d.sysfs)) == len(d.bonds))
-        d.wait_for("the host GIDs", lambda: all(
-            sysfs.roce_v2_index(d.sysfs, f"mlx5_bond_{i}", 1, bond_addr(i)[0].split("/")[0]) is not None
-            for i in range(len(d.bonds))))  # fmt: skip
-        run("ip", "-n", d.node, "-br", "addr", show=True)
-        d.install_plugins()
-        d.write_configs()
+        host_index = step_node(d)
         before = d.host_snapshot()
-        d.cni_tool("gids", "--sysfs-root", d.sysfs)
-        host_index = sysfs.roce_v2_index(d.sysfs, "mlx5_bond_0", 1, bond_addr(0)[0].split("/")[0])
-        say(
-            f"-> the host's RoCE v2 GID index for bond0's IPv4 address is {host_index} (mlx5: v1 and v2 GIDs)"
-        )
-
-        banner(f"2. Pod {POD['namespace']}/{POD['name']}: annotation {ANNOTATION}: tke-route-eni,tke-rdma-macvlan; "
-               f"{RESOURCE}: {d.pod_bonds}")  # fmt: skip
-        pod_uid = str(uuid.uuid4())
-        devices = d.write_device_checkpoint(pod_uid)
-        say(f"kubelet device checkpoint: the device plugin gave the pod {', '.join(devices)}")
-        d.netns(d.pod)
-        env = d.tool_env(pod_uid)
-        d.cni_tool("add", "rdma-multus", f"/run/netns/{d.pod}", env=env)
-
-        banner("3. Inside the pod: eth0 from the cluster network, one interface per bond with the bond's IP")
-        run("ip", "-n", d.pod, "-br", "addr", show=True)
-        run("ip", "-n", d.pod, "route", "show", "table", "all", show=True)
-        run("ip", "-n", d.pod, "rule", show=True)
-        say()
-        say("The node meanwhile (the bonds lent to the pod have no IPv4 address now):")
-        run("ip", "-n", d.node, "-br", "addr", show=True)
-        pod_bonds = d.bonds[: d.pod_bonds]
-        for i, bond in enumerate(pod_bonds):
-            ip = bond_addr(i)[0].split("/")[0]
-            d.wait_for(f"the pod's GID on {bond}", lambda i=i, ip=ip, bond=bond: sysfs.roce_v2_index(
-                d.sysfs, f"mlx5_bond_{i}", 1, ip) is not None and not d.host_has(bond))  # fmt: skip
-        d.cni_tool("gids", "--sysfs-root", d.sysfs)
-        for i, bond in enumerate(pod_bonds):
-            ip = bond_addr(i)[0].split("/")[0]
-            index = sysfs.roce_v2_index(d.sysfs, f"mlx5_bond_{i}", 1, ip)
-            if index != host_index:
-                raise DemoFailed(f"the pod's GID for {ip} is at index {index}, the host's was {host_index}")
-            say(f"-> pod {bond}: RoCE v2 GID of {ip} at index {index}, the same as the host's: "
-                f"NCCL_IB_GID_INDEX={index} works in every pod")  # fmt: skip
-
-        banner("4. Traffic: ping the switch from each of the pod's bond interfaces")
-        for i, bond in enumerate(pod_bonds):
-            peer = bond_addr(i)[1].split("/")[0]
-            say(f"pod {bond} -> {peer}: reply in {d.ping(bond, peer)} ms")
-
+        env = step_add(d)
+        step_pod_view(d, host_index)
+        step_traffic(d)
         banner("5. What the node says: cni-tool state and cni-tool doctor")
         d.cni_tool("state", *d.node_options(), check=False)
         d.cni_tool("doctor", *d.node_options(), check=False)
-
-        banner("6. Delete the pod: the IPs, routes and GIDs go back to the node")
-        d.cni_tool("del", "rdma-multus", f"/run/netns/{d.pod}", env=env)
-        run("ip", "netns", "del", d.pod)
-        d.namespaces.remove(d.pod)
-        after = d.host_snapshot()
-        run("ip", "-n", d.node, "-br", "addr", show=True)
-        for i, bond in enumerate(pod_bonds):
-            ip = bond_addr(i)[0].split("/")[0]
-            d.wait_for(f"the host's GID on {bond}", lambda i=i, ip=ip, bond=bond: sysfs.roce_v2_index(
-                d.sysfs, f"mlx5_bond_{i}", 1, ip, ndev=bond) is not None)  # fmt: skip
-        d.cni_tool("gids", "--sysfs-root", d.sysfs)
-        if after != before:
-            diff = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
-            raise DemoFailed(f"the node is not as it was: {json.dumps(diff)[:2000]}")
-        index = sysfs.roce_v2_index(d.sysfs, "mlx5_bond_0", 1, bond_addr(0)[0].split("/")[0], ndev="bond0")
-        if index != host_index:
-            raise DemoFailed(f"bond0's GID came back at index {index}, it was {host_index}")
-        say(
-            f"-> node restored: addresses, routes and rules identical to before the pod; GID index {index} again"
-        )
+        step_delete(d, env, before, host_index)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bonds", type=int, default=4, help="bond NICs on the node (default 4)")
     parser.add_argument("--pod-bonds", type=int, default=2, help="RDMA NICs the pod asks for (default 2)")
-    parser.add_argument("--bundle", default="", help="use the PyInstaller bundle in DIR (scripts/build), "
-                        "installed with scripts/install.sh, instead of the Python entry points")  # fmt: skip
+    parser.add_argument(
+        "--bundle",
+        default="",
+        help="use the PyInstaller bundle in DIR (scripts/build), "
+        "installed with scripts/install.sh, instead of the Python entry points",
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.stderr.write("demo: needs root (it creates network namespaces)\n")
