@@ -53,3 +53,16 @@ def test_index_check(root: str) -> None:
     assert e.value.code == GID_MISMATCH == 102
     assert "index 2" in e.value.msg and "host index is 1" in e.value.msg
     assert "2 ::ffff:198.51.100.2 RoCE v2 net1" in e.value.details
+
+
+def test_wait_for_gid_gone(root: str) -> None:
+    from rdma_cni.sim.tree import clear_slot
+
+    write_slot(root, "mlx5_bond_0", 1, 1, sysfs.gid_for_ip(IP), "bond0")
+    assert gid.wait_for_gid_gone(root, "mlx5_bond_0", 1, IP, 30) is False
+    timer = threading.Timer(0.1, clear_slot, (root, "mlx5_bond_0", 1, 1))
+    timer.start()
+    try:
+        assert gid.wait_for_gid_gone(root, "mlx5_bond_0", 1, IP, 5000) is True
+    finally:
+        timer.cancel()

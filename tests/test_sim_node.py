@@ -291,3 +291,23 @@ def test_the_watcher_never_keeps_a_deleted_pod_netns_alive(lab: Lab) -> None:
             if "probe" not in links:
                 break
         assert "probe" not in links
+
+
+def test_netns_teardown_is_seen_in_the_event_stream(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RTM_DELNSID marks the pod's death in kernel order, without waiting for the directory scan."""
+    with lab.sim() as node:
+        pod = lab.pod(1)
+        node.process()
+        lab.macvlan(pod)
+        ip("-n", pod, "addr", "add", "198.51.100.60/24", "dev", "net1")
+        node.process()
+        assert lab.index("198.51.100.60") == 2
+        monkeypatch.setattr(node, "scan_pods", lambda: None)
+        ip("netns", "del", pod)
+        lab.pods.remove(pod)
+        for _ in range(200):
+            node.process(0.01)
+            if lab.index("198.51.100.60") is None:
+                break
+        assert lab.index("198.51.100.60") is None
+        assert node.pods == {}

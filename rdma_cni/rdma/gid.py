@@ -64,6 +64,24 @@ def wait_for_gid(
     )
 
 
+def wait_for_gid_gone(sysfs_root: str, device: str, port: int, ip: str, timeout_ms: int) -> bool:
+    """Wait (bounded) until no GID of ``ip`` is left in the table; False if one still is.
+
+    DEL after a pod netns was deleted: the kernel tears the netns down asynchronously (tens of ms
+    in the lab) and the pod's GID holds its slot until then. Giving the IP back to the bond before
+    that lands the host's GID at the next free index, so DEL waits for the slot first.
+    """
+    deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+    delay = FIRST_POLL_S
+    while sysfs.find_gid(sysfs_root, device, port, ip) is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, MAX_POLL_S)
+    return True
+
+
 def check_gid_index(
     entry: GidEntry, expected: int, source: str = "host", sysfs_root: str | None = None
 ) -> None:

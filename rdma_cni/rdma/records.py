@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rdma_cni import durable
@@ -139,8 +140,12 @@ def _previous_ports(run_dir: str) -> dict[tuple[str, int], dict[str, Any]]:
     return out
 
 
-def _host_port(port: sysfs.RdmaPort, gids: list[GidEntry], previous: dict[str, Any] | None) -> dict[str, Any]:
+def _host_port(
+    port: sysfs.RdmaPort, gids: list[GidEntry], previous: dict[str, Any] | None, host_ipv4: set[str] | None
+) -> dict[str, Any]:
     mine = [g for g in gids if g.type == sysfs.ROCE_V2 and g.ipv4 and g.ndev == port.netdev]
+    if host_ipv4 is not None:  # a pod interface named like the bond (podIfName: master) is not the host
+        mine = [g for g in mine if g.ipv4 in host_ipv4]
     rec: dict[str, Any] = {
         "device": port.device,
         "port": port.port,
@@ -158,13 +163,22 @@ def _host_port(port: sysfs.RdmaPort, gids: list[GidEntry], previous: dict[str, A
     return rec
 
 
-def update_host_record(run_dir: str, sysfs_root: str) -> dict[str, Any]:
-    """Rewrite ``host.json`` from the live GID tables; keeps the last index of an IP that moved to a pod."""
+def update_host_record(
+    run_dir: str, sysfs_root: str, host_ipv4: Mapping[str, Iterable[str]] | None = None
+) -> dict[str, Any]:
+    """Rewrite ``host.json`` from the live GID tables; keeps the last index of an IP that moved to a pod.
+
+    ``ndevs/N`` only holds a name, and a pod interface may be named like its bond (``podIfName:
+    master``), so sysfs alone cannot tell the host's entry from the pod's. ``host_ipv4`` (netdev ->
+    the IPv4 addresses it holds now, from rtnetlink) settles it; without it a same-named pod
+    interface counts as the host's (same index either way, by design; only ``present`` differs).
+    """
     previous = _previous_ports(run_dir)
     ports = []
     for port in sysfs.list_ports(sysfs_root):
         gids = sysfs.read_gids(sysfs_root, port.device, port.port)
-        ports.append(_host_port(port, gids, previous.get((port.device, port.port))))
+        mine = None if host_ipv4 is None else set(host_ipv4.get(port.netdev or "", ()))
+        ports.append(_host_port(port, gids, previous.get((port.device, port.port)), mine))
     record: dict[str, Any] = {"version": 1, "ports": ports}
     _ensure_dirs(run_dir, gid_dir(run_dir))
     durable.atomic_write_json(os.path.join(gid_dir(run_dir), HOST_RECORD), record, FILE_MODE, DIR_MODE)

@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,7 +53,9 @@ RTMGRP_IPV4_IFADDR = 0x10
 RTMGRP_IPV6_IFADDR = 0x100
 SOL_NETLINK = 270
 NETLINK_LISTEN_ALL_NSID = 8
-RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_DELADDR = 16, 17, 20, 21
+RTMGRP_NSID = 1 << (28 - 1)  # RTNLGRP_NSID: a peer netns got or lost its id here
+RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_DELADDR, RTM_DELNSID = 16, 17, 20, 21, 89
+NETNSA_NSID = 1
 NSID_UNSET = (None, -1, 0xFFFFFFFF)
 IFF_UP = 0x1
 UPPER_KINDS = frozenset({"macvlan", "macvtap", "vlan", "ipvlan"})
@@ -113,7 +116,7 @@ class SimNode:
         self.ipr = netlink_in(self.node if self.node_path else None)
         with entered(self.node):
             self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, 0)
-        self.sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+        self.sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_NSID))
         self.sock.setsockopt(SOL_NETLINK, NETLINK_LISTEN_ALL_NSID, 1)
         self._build()
         self._refresh_links(None, with_addresses=True)
@@ -238,10 +241,20 @@ class SimNode:
                 self.up[owner] = up
             elif old is None:
                 self.up[owner] = bool(flags.get(owner.ifindex, 0) & IFF_UP) if with_addresses else False
-        if nsid is None:  # the default GID follows the bond's MAC
+        if nsid is None:  # the default GID follows the bond's MAC; class/net/<bond> its live attrs
             for link in links:
                 name = link.get_attr("IFLA_IFNAME")
                 if name in self.bonds:
+                    tree.update_netdev(
+                        self.root,
+                        name,
+                        {
+                            "address": link.get_attr("IFLA_ADDRESS") or "",
+                            "operstate": (link.get_attr("IFLA_OPERSTATE") or "unknown").lower(),
+                            "mtu": str(link.get_attr("IFLA_MTU")),
+                            "ifalias": link.get_attr("IFLA_IFALIAS") or "",
+                        },
+                    )
                     gid = tree.default_gid(link.get_attr("IFLA_ADDRESS"))
                     self._write(name, self.tables[name].set_default(gid, Owner(None, link["index"])))
         for owner, bond in fresh:  # after the default GID, so the bond's own link-local is not doubled
@@ -315,10 +328,8 @@ class SimNode:
             self.pods[nsid] = PodNetns(path, live[path], nsid)
             self._refresh_links(nsid, with_addresses=True)
         for nsid, pod in list(self.pods.items()):
-            if live.get(pod.path) != pod.inode:
-                for owner in [o for o in self.owners if o.nsid == nsid]:
-                    self._drop(owner)
-                del self.pods[nsid]
+            if live.get(pod.path) != pod.inode:  # path gone (or reused): the netns is being deleted
+                self._forget_pod(nsid)
 
     # --- events -----------------------------------------------------------------------------------
     def _recv(self) -> Iterator[tuple[int | None, bytes]]:
@@ -342,13 +353,14 @@ class SimNode:
 
     def _apply(self, nsid: int | None, msg: bytes) -> None:
         mtype = struct.unpack_from("=H", msg, 4)[0]
+        if mtype == RTM_DELNSID and nsid is None:
+            self._netns_died(msg)
+            return
         if nsid is not None and nsid not in self.pods:
             self.scan_pods()  # an event from a netns we have not read yet: read it now
             return
         if mtype in (RTM_NEWLINK, RTM_DELLINK):
-            index, flags = struct.unpack_from(
-                "=iI", msg, 16 + 4
-            )  # ifinfomsg: family, pad, type, index, flags
+            index, flags = struct.unpack_from("=iI", msg, 20)  # ifinfomsg: family, pad, type | index, flags
             self._refresh_links(nsid, event=(index, flags))
         elif mtype in (RTM_NEWADDR, RTM_DELADDR):
             from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
@@ -363,6 +375,23 @@ class SimNode:
             table = self.tables[bond]
             gid = gid_for_ip(ip)
             self._write(bond, table.add(gid, owner) if mtype == RTM_NEWADDR else table.remove(gid, owner))
+
+    def _netns_died(self, msg: bytes) -> None:
+        """RTM_DELNSID: the kernel started tearing a pod netns down (its nsid is dropped first, its
+        netdevs and their GIDs follow a few ms later). Drop its GIDs at this point of the stream."""
+        off = 16 + 4  # nlmsghdr + rtgenmsg (padded)
+        while off + 4 <= len(msg):
+            length, atype = struct.unpack_from("=HH", msg, off)
+            if length < 4:
+                return
+            if atype == NETNSA_NSID and length >= 8:
+                self._forget_pod(struct.unpack_from("=i", msg, off + 4)[0])
+            off += (length + 3) & ~3
+
+    def _forget_pod(self, nsid: int) -> None:
+        for owner in [o for o in self.owners if o.nsid == nsid]:
+            self._drop(owner)
+        self.pods.pop(nsid, None)
 
     def process(self, timeout: float = 0.0) -> None:
         """Wait up to ``timeout`` s for events, apply all queued ones in order, then scan pods."""
@@ -390,6 +419,60 @@ def running(node: SimNode, interval: float = 0.02) -> Iterator[SimNode]:
         finally:
             stop.set()
             t.join()
+
+
+def watched(node_netns: str | None, pod_netns: str) -> bool:
+    """True once events of ``pod_netns`` reach the node's listener (the node netns has an nsid for it;
+    a running SimNode gives one to every pod netns it finds). Tests wait for this after creating a
+    pod netns, before the plugin runs: a move made earlier is read as a snapshot, not in order."""
+    with open_netns(pod_netns) as pod, open_netns(node_netns or "/proc/self/ns/net") as node:
+        ipr = netlink_in(node if node_netns else None)
+        try:
+            got = ipr.get_netnsid(fd=pod.fd) or {}
+        finally:
+            ipr.close()
+    return got.get("nsid") not in NSID_UNSET
+
+
+def wait_watched(node_netns: str | None, pod_netns: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not watched(node_netns, pod_netns):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the simulated node did not pick up {pod_netns} within {timeout} s")
+        time.sleep(0.005)
+
+
+def barrier(node_netns: str | None, sysfs_root: str, bond: str = "bond0", timeout: float = 5.0) -> None:
+    """Return once a running SimNode has applied every event queued before this call.
+
+    Sets a unique alias on ``bond`` (a link event, no GID change) and waits for the tree's
+    ``class/net/<bond>/ifalias`` to show it: events are applied in order, so all earlier ones are done.
+    """
+    token = f"sim-barrier-{os.getpid()}-{time.monotonic_ns()}"
+    cmd = [
+        "ip",
+        *(["-n", os.path.basename(node_netns)] if node_netns else []),
+        "link",
+        "set",
+        bond,
+        "alias",
+        token,
+    ]
+    if node_netns and os.path.dirname(node_netns) != "/run/netns":
+        cmd = ["nsenter", f"--net={node_netns}", "ip", "link", "set", bond, "alias", token]
+    subprocess.run(cmd, check=True, capture_output=True)
+    path = os.path.join(sysfs_root, "class", "net", bond, "ifalias")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                if f.read().strip() == token:
+                    return
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the simulated node did not catch up within {timeout} s")
+        time.sleep(0.005)
 
 
 def parse_bonds(spec: str) -> list[SimBond]:

@@ -166,6 +166,20 @@ def write_netdev(root: str, bond: SimBond, mac: str, operstate: str = "up") -> N
     _link(f"../../devices/virtual/net/{bond.name}", os.path.join(root, "class", "net", bond.name))
 
 
+def update_netdev(root: str, name: str, attrs: dict[str, str]) -> None:
+    """Refresh live attributes of a simulated bond (``address``, ``operstate``, ``mtu``, ``ifalias``)."""
+    base = os.path.join(root, "devices", "virtual", "net", name)
+    for attr, text in attrs.items():
+        path = os.path.join(base, attr)
+        try:
+            with open(path) as f:
+                if f.read() == text + "\n":
+                    continue
+        except FileNotFoundError:
+            pass
+        put(path, text + "\n")
+
+
 def set_netns_mode(root: str, mode: str) -> None:
     put(
         os.path.join(root, "module", "ib_core", "parameters", "netns_mode"),
