@@ -268,3 +268,41 @@ def test_device_move_without_rdma_netlink_fails_through_the_tool_with_its_messag
         assert e2.value.errno == errno.EPROTONOSUPPORT
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def captured_rdma_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An `rdma` executable first on PATH that prints what the real tool printed (captured), for the
+    fallback path; only meaningful where this kernel refuses the RDMA netlink socket."""
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, nldev.NETLINK_RDMA).close()
+        pytest.skip("this kernel has RDMA netlink: the fallback is not taken")
+    except OSError:
+        pass
+    tool = tmp_path / "rdma"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {tmp_path}/calls\n'
+        f'case "$*" in "system show") cat {FIXTURES}/exclusive/netlink/system-show.stdout;; '
+        f'"dev show") cat {FIXTURES}/host/netlink/dev-show.stdout;; *) exit 0;; esac\n'
+    )
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    return tmp_path
+
+
+def test_fallback_reads_what_the_tool_prints(captured_rdma_tool: Path) -> None:
+    assert nldev.system_netns_mode() == nldev.SystemInfo("exclusive", True)
+    assert [(d.index, d.name, d.node_type) for d in nldev.list_devices()] == [
+        (0, "mlx5_bond_0", "ca"),
+        (1, "mlx5_bond_1", "ca"),
+    ]
+    nldev.set_system_netns_mode("shared")
+    calls = (captured_rdma_tool / "calls").read_text().splitlines()
+    assert calls == ["system show", "dev show", "system set netns shared"]
+
+
+def test_mode_falls_back_to_the_tool_for_the_live_sysfs(captured_rdma_tool: Path, tmp_path: Path) -> None:
+    from rdma_cni.rdma import mode
+
+    assert mode.current_netns_mode(str(tmp_path / "no-sysfs"), ask_kernel=True) == "exclusive"

@@ -311,3 +311,11 @@ def test_netns_teardown_is_seen_in_the_event_stream(lab: Lab, monkeypatch: pytes
                 break
         assert lab.index("198.51.100.60") is None
         assert node.pods == {}
+
+
+def test_daemon_mlx5_layout_gives_the_seed_index_3(lab: Lab) -> None:
+    args = ["--sysfs-root", lab.root, "--bonds", "bond0", "--node-netns", lab.node_path, "--layout", "mlx5"]
+    with daemon([*args, "--gid-slots", "16"]):
+        entry = gid.wait_for_gid(lab.root, "mlx5_bond_0", 1, HOST_IP, 5000)
+    assert entry.index == 3 and entry.type == "RoCE v2"
+    assert sysfs.find_gid(lab.root, "mlx5_bond_0", 1, HOST_IP, "RoCE v1") is not None

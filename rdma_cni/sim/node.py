@@ -43,7 +43,7 @@ from typing import Any
 from rdma_cni.net.netns import Netns, entered, netlink_in, open_netns
 from rdma_cni.rdma.sysfs import gid_for_ip
 from rdma_cni.sim import tree
-from rdma_cni.sim.model import RXE_TYPES, Owner, PortTable
+from rdma_cni.sim.model import MLX5_TYPES, RXE_TYPES, Owner, PortTable
 from rdma_cni.sim.tree import SimBond
 
 log = logging.getLogger(__name__)
@@ -512,6 +512,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pods-prefix", default="")
     p.add_argument("--gid-slots", type=int, default=tree.RXE_GID_SLOTS)
     p.add_argument("--netns-mode", choices=("shared", "exclusive"), default="shared")
+    p.add_argument(
+        "--layout",
+        choices=("rxe", "mlx5"),
+        default="rxe",
+        help="GID types per address: rxe = RoCE v2 only (IPv4 at 1), mlx5 = v1 + v2 (IPv4 v2 at 3)",
+    )
     p.add_argument("--pidfile", default=None)
     a = p.parse_args(argv)
     stop = threading.Event()
@@ -524,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.pods_dir,
         a.pods_prefix,
         a.gid_slots,
+        MLX5_TYPES if a.layout == "mlx5" else RXE_TYPES,
         netns_mode=a.netns_mode,
     )
     with node:
