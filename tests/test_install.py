@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -302,3 +303,64 @@ def test_noexec_tmp_does_not_matter(bundle: Path, outside_tmp: Path) -> None:
     proc = _run(["unshare", "-m", "sh", "-c", script], env=bare_env(outside_tmp) | {"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     assert "supportedVersions" in proc.stdout
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """H2's node/switch netns pair (tests/netns.py), named with this file's prefix."""
+    import netns
+
+    reason = netns.can_run()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setattr(netns, "PREFIX", PREFIX)
+    with netns.node() as n:
+        yield n
+
+
+def _plugin(bin_dir: Path, n: Any, command: str, conf: dict[str, Any], pod: Any, path: str) -> Any:
+    """The installed rdma-macvlan run in the node netns like a runtime would, with no Python on PATH."""
+    import netns
+
+    env = {
+        "PATH": path,
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "ship1",
+        "CNI_NETNS": pod.path if pod else "",
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": str(bin_dir),
+        "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p",
+    }
+    ip = shutil.which("ip")
+    assert ip is not None
+    proc = subprocess.run(
+        [ip, "netns", "exec", n.name, str(bin_dir / "rdma-macvlan")],
+        input=json.dumps(conf).encode(), capture_output=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    return netns._result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+def test_add_check_del_through_the_installed_bundle_without_python(
+    bundle: Path, node: Any, tmp_path: Path
+) -> None:
+    _need("macvlan")
+    bin_dir = _installed(bundle, tmp_path / "root")
+    path = no_python_path(tmp_path)
+    node.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
+    node.bond("bond1", "198.51.100.18/28", peer="198.51.100.17/28")
+    before = node.snapshot()
+    pod = node.pod()
+    conf = json.loads((REPO / "conf/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf").read_text())
+    conf.update(node.config(masters=["bond0", "bond1"], count=2))
+    add = _plugin(bin_dir, node, "ADD", conf, pod, path)
+    assert add.code == 0, add.stdout + add.stderr
+    assert sorted(i["name"] for i in add.out["interfaces"]) == ["bond0", "bond1"]
+    assert {a["ifname"]: [x["local"] for x in a["addr_info"] if x["family"] == "inet"]
+            for a in node.pod_json(pod, "addr") if a["ifname"] != "lo"} == {
+        "bond0": ["198.51.100.2"], "bond1": ["198.51.100.18"]}  # fmt: skip
+    assert node.ping(pod, "198.51.100.1", "bond0") and node.ping(pod, "198.51.100.17", "bond1")
+    check = _plugin(bin_dir, node, "CHECK", {**conf, "prevResult": add.out}, pod, path)
+    assert check.code == 0, check.stdout + check.stderr
+    delete = _plugin(bin_dir, node, "DEL", {**conf, "prevResult": add.out}, pod, path)
+    assert delete.code == 0, delete.stdout + delete.stderr
+    assert node.snapshot() == before
