@@ -188,7 +188,7 @@ render_meta() { # render_meta SRC: node paths substituted into the shipped confi
 }
 
 write_kubeconfig() {
-    sa=/var/run/secrets/kubernetes.io/serviceaccount
+    sa=${RDMA_CNI_SERVICEACCOUNT_DIR:-/var/run/secrets/kubernetes.io/serviceaccount}  # override: tests only
     [ -r "$sa/token" ] && [ -r "$sa/ca.crt" ] || die "no service account token in $sa (only inside the DaemonSet)"
     [ -n "${KUBERNETES_SERVICE_HOST:-}" ] || die "KUBERNETES_SERVICE_HOST is not set"
     host=$KUBERNETES_SERVICE_HOST

@@ -335,8 +335,12 @@ def _plugin(bin_dir: Path, n: Any, command: str, conf: dict[str, Any], pod: Any,
     assert ip is not None
     proc = subprocess.run(
         [ip, "netns", "exec", n.name, str(bin_dir / "rdma-macvlan")],
-        input=json.dumps(conf).encode(), capture_output=True, timeout=120, env=env, check=False,
-    )  # fmt: skip
+        input=json.dumps(conf).encode(),
+        capture_output=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     return netns._result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
 
 
@@ -355,12 +359,56 @@ def test_add_check_del_through_the_installed_bundle_without_python(
     add = _plugin(bin_dir, node, "ADD", conf, pod, path)
     assert add.code == 0, add.stdout + add.stderr
     assert sorted(i["name"] for i in add.out["interfaces"]) == ["bond0", "bond1"]
-    assert {a["ifname"]: [x["local"] for x in a["addr_info"] if x["family"] == "inet"]
-            for a in node.pod_json(pod, "addr") if a["ifname"] != "lo"} == {
-        "bond0": ["198.51.100.2"], "bond1": ["198.51.100.18"]}  # fmt: skip
+    assert {
+        a["ifname"]: [x["local"] for x in a["addr_info"] if x["family"] == "inet"]
+        for a in node.pod_json(pod, "addr")
+        if a["ifname"] != "lo"
+    } == {"bond0": ["198.51.100.2"], "bond1": ["198.51.100.18"]}
     assert node.ping(pod, "198.51.100.1", "bond0") and node.ping(pod, "198.51.100.17", "bond1")
     check = _plugin(bin_dir, node, "CHECK", {**conf, "prevResult": add.out}, pod, path)
     assert check.code == 0, check.stdout + check.stderr
     delete = _plugin(bin_dir, node, "DEL", {**conf, "prevResult": add.out}, pod, path)
     assert delete.code == 0, delete.stdout + delete.stderr
     assert node.snapshot() == before
+
+
+def test_kubeconfig_from_the_service_account_is_what_rdma_multus_reads(bundle: Path, tmp_path: Path) -> None:
+    from rdma_cni.kube.kubeconfig import load
+
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("tok-123\n")
+    (sa / "ca.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    env = {
+        "PATH": os.environ["PATH"],
+        "RDMA_CNI_SERVICEACCOUNT_DIR": str(sa),
+        "KUBERNETES_SERVICE_HOST": "fd00::1",
+        "KUBERNETES_SERVICE_PORT": "6443",
+    }
+    root = tmp_path / "root"
+    cmd = [
+        str(bundle / "install.sh"),
+        "--bundle",
+        str(bundle),
+        "--host-root",
+        str(root),
+        "--mode",
+        "vpc-cni",
+        "--kubeconfig-from-serviceaccount",
+    ]
+    proc = _run(cmd, env=env)
+    assert proc.returncode == 0, proc.stderr
+    path = root / "etc/cni/net.d/rdma-multus.d/rdma-multus.kubeconfig"
+    assert path.stat().st_mode & 0o777 == 0o600
+    cfg = load(str(path))
+    assert cfg.server == "https://[fd00::1]:6443"
+    assert cfg.bearer_token() == "tok-123"
+    assert cfg.ca_data is not None and cfg.ca_data.startswith(b"-----BEGIN CERTIFICATE-----")
+    meta = json.loads((root / "etc/cni/net.d/00-rdma-multus.conflist").read_text())
+    assert meta["plugins"][0]["kubeconfig"] == "/etc/cni/net.d/rdma-multus.d/rdma-multus.kubeconfig"
+    # A rotated token is picked up by the next run (the DaemonSet re-runs install.sh every 10 minutes).
+    (sa / "token").write_text("tok-456\n")
+    assert _run(cmd, env=env).returncode == 0
+    assert load(str(path)).bearer_token() == "tok-456"
+    missing = _run(cmd, env={**env, "RDMA_CNI_SERVICEACCOUNT_DIR": str(tmp_path / "none")})
+    assert missing.returncode != 0 and "service account" in missing.stderr
