@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rdma_cni.net.netns import Netns, entered, netlink_in, open_netns
+from rdma_cni.net.netns import Netns, NetnsUnavailable, entered, netlink_in, open_netns
 from rdma_cni.rdma.sysfs import gid_for_ip
 from rdma_cni.sim import tree
 from rdma_cni.sim.model import MLX5_TYPES, RXE_TYPES, Owner, PortTable
@@ -106,6 +106,7 @@ class SimNode:
         self.up: dict[Owner, bool] = {}  # last seen IFF_UP of each owner
         self.bond_index: dict[int, str] = {}  # ifindex in the node netns -> bond name
         self.pods: dict[int, PodNetns] = {}
+        self.errors = 0
         self.node: Netns | None = None
         self.ipr: Any = None
         self.sock: socket.socket | None = None
@@ -212,7 +213,7 @@ class SimNode:
         """
         try:
             links, node_nsid = self._links(nsid)
-        except OSError as e:  # the pod netns vanished under us: the scan drops it
+        except (OSError, NetnsUnavailable) as e:  # the pod netns vanished under us: the scan drops it
             log.debug("links of nsid %s unreadable: %s", nsid, e)
             return
         if nsid is None:
@@ -279,7 +280,7 @@ class SimNode:
     def _add_existing(self, owner: Owner, bond: str, only_link_local: bool = False) -> None:
         try:
             ips = self._addresses(owner)
-        except OSError as e:
+        except (OSError, NetnsUnavailable) as e:  # its netns is being deleted: the scan drops it
             log.debug("addresses of %s unreadable: %s", owner, e)
             return
         for ip in ips:
@@ -403,8 +404,14 @@ class SimNode:
         self.scan_pods()
 
     def serve(self, stop: threading.Event, interval: float = 0.02) -> None:
+        """Process until ``stop``. A failure is logged with its traceback and counted in ``errors``
+        (tests assert it stays 0) rather than ending the node under a running test."""
         while not stop.is_set():
-            self.process(interval)
+            try:
+                self.process(interval)
+            except Exception:
+                self.errors += 1
+                log.exception("simulated RDMA node: event processing failed")
 
 
 @contextlib.contextmanager
@@ -501,6 +508,10 @@ def daemon(args: Sequence[str], timeout: float = 30.0) -> Iterator[int]:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"simulated RDMA node exited {proc.returncode}: it failed to apply events (see its stderr)"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -538,10 +549,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             tree.put(a.pidfile, f"{os.getpid()}\n")
         print("ready", flush=True)
         node.serve(stop)
+        failed = node.errors
     if a.pidfile:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(a.pidfile)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
