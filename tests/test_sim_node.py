@@ -319,3 +319,18 @@ def test_daemon_mlx5_layout_gives_the_seed_index_3(lab: Lab) -> None:
         entry = gid.wait_for_gid(lab.root, "mlx5_bond_0", 1, HOST_IP, 5000)
     assert entry.index == 3 and entry.type == "RoCE v2"
     assert sysfs.find_gid(lab.root, "mlx5_bond_0", 1, HOST_IP, "RoCE v1") is not None
+
+
+def test_background_thread_follows_moves_and_barrier_waits_for_it(lab: Lab) -> None:
+    from rdma_cni.sim.node import barrier, running, wait_watched
+
+    with running(lab.sim()) as node:
+        pod = lab.pod(1)
+        wait_watched(lab.node_path, f"/run/netns/{pod}")
+        lab.macvlan(pod)
+        ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+        ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")
+        barrier(lab.node_path, lab.root)
+        assert lab.index(HOST_IP, ndev="net1") == 1
+        assert Path(lab.root, "class/net/bond0/ifalias").read_text().startswith("sim-barrier-")
+    assert node.errors == 0

@@ -426,6 +426,8 @@ def running(node: SimNode, interval: float = 0.02) -> Iterator[SimNode]:
         finally:
             stop.set()
             t.join()
+    if node.errors:
+        raise RuntimeError(f"simulated RDMA node failed {node.errors} time(s) to apply events (see the log)")
 
 
 def watched(node_netns: str | None, pod_netns: str) -> bool:
