@@ -150,7 +150,7 @@ def pin(n: netns.Node, container_id: str, bond: str, cidr: str, pod_path: str) -
 def test_healthy_node_from_the_real_kernel_capture_is_all_ok(node: netns.Node, tmp_path: Path) -> None:
     bonds_as_fixture(node, FIXTURE_BONDS)
     findings = run_checks(observe(paths(node, fixture_tree("host", tmp_path), tmp_path)))
-    bad = [f for f in findings if f.status != OK]
+    bad = [f for f in findings if f.status not in (OK, SKIP)]
     assert bad == [], bad
     checks = by_check(findings)
     # Soft-RoCE publishes v2 GIDs only: the IPv4 GID sits at index 1 on both devices.
@@ -232,7 +232,7 @@ def sim_node(tmp: Path, n: netns.Node, count: int = 4, index: int = 3) -> str:
 def test_simulated_eight_gpu_style_node_reports_the_unified_index(node: netns.Node, tmp_path: Path) -> None:
     root = sim_node(tmp_path, node, count=4, index=3)
     findings = run_checks(observe(paths(node, root, tmp_path)))
-    assert [f for f in findings if f.status != OK] == []
+    assert [f for f in findings if f.status not in (OK, SKIP)] == []
     assert "NCCL_IB_GID_INDEX=3" in by_check(findings)["gid-index-unified"][0].detail
     assert len([f for f in findings if f.check.startswith("roce-v2-gid")]) == 4
 

@@ -17,31 +17,31 @@ from collections.abc import Callable
 BUNDLE_NAME = "rdma-cni"
 
 
-def _macvlan() -> object:
+def _macvlan() -> None:
     from rdma_cni.cli.macvlan import main
 
-    return main()
+    main()
 
 
-def _multus() -> object:
+def _multus() -> None:
     from rdma_cni.cli.multus import main
 
-    return main()
+    main()
 
 
-def _tool() -> object:
+def _tool() -> None:
     from rdma_cni.cli.tool import main
 
-    return main()
+    main()
 
 
-def _agent() -> object:
+def _agent() -> None:
     from rdma_cni.cli.agent import main
 
-    return main()
+    main()
 
 
-COMMANDS: dict[str, Callable[[], object]] = {
+COMMANDS: dict[str, Callable[[], None]] = {
     "rdma-macvlan": _macvlan,
     "rdma-multus": _multus,
     "cni-tool": _tool,
@@ -67,8 +67,8 @@ def main() -> None:
             f"(a link to this program by that name) or as '{BUNDLE_NAME} COMMAND ...'\n"
         )
         sys.exit(2)
-    code = entry()
-    sys.exit(code if isinstance(code, int) else 0)
+    entry()  # each entry point exits with its own code; returning means success
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ CHECKS = (
     install_checks.check_configs,
     rdma_checks.check_netns_mode,
     rdma_checks.check_devices,
+    rdma_checks.check_uverbs,
     host_checks.check_bonds,
     rdma_checks.check_gids,
     state_checks.check_state,

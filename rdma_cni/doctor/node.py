@@ -35,6 +35,7 @@ class NodePaths:
     data_dir: str = ""  # "" = from the installed delegate config, else the plugin's default
     run_dir: str = ""
     proc_root: str = "/proc"
+    dev_root: str = "/dev"
     results_dirs: tuple[str, ...] = ("/var/lib/cni", "/var/lib/cni/rdma-multus")
 
 

@@ -6,7 +6,7 @@ the same index everywhere (the "unified GID index" NCCL_IB_GID_INDEX relies on).
 from __future__ import annotations
 
 from rdma_cni.cni.errors import CniError
-from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
+from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
 from rdma_cni.rdma import mode
 from rdma_cni.rdma.sysfs import ROCE_V2, GidEntry, RdmaPort
@@ -69,6 +69,38 @@ def _device_finding(port: RdmaPort) -> Finding:
             "check `rdma link show`: the device must run over a bond (netdev bondN)",
         )
     return Finding(name, OK, f"ACTIVE, {where}")
+
+
+def check_uverbs(snap: NodeSnapshot) -> list[Finding]:
+    """The verbs device files pods open (a simulated or captured tree has none to check)."""
+    import os
+
+    if os.path.realpath(snap.paths.sysfs_root) != "/sys":
+        return [Finding("uverbs", SKIP, f"{snap.paths.sysfs_root} is not this node's /sys")]
+    out = []
+    for port in snap.ports:
+        if not port.uverbs:
+            continue
+        path = os.path.join(snap.paths.dev_root, "infiniband", port.uverbs)
+        if os.path.exists(path):
+            out.append(
+                Finding(
+                    f"uverbs {port.device}",
+                    OK,
+                    f"{path}: pods get it from the device plugin and "
+                    "need the IPC_LOCK capability to pin memory",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    f"uverbs {port.device}",
+                    WARN,
+                    f"{path} is missing: no pod can open {port.device}",
+                    "load ib_uverbs (modprobe ib_uverbs)",
+                )
+            )
+    return out
 
 
 def _v2_ipv4(entries: list[GidEntry]) -> list[GidEntry]:
