@@ -415,19 +415,35 @@ class SimNode:
 
 
 @contextlib.contextmanager
-def running(node: SimNode, interval: float = 0.02) -> Iterator[SimNode]:
-    """Run an opened node in a background thread (for tests that drive a separate plugin process)."""
-    stop = threading.Event()
-    with node:
-        t = threading.Thread(target=node.serve, args=(stop, interval), daemon=True)
-        t.start()
+def running(node: SimNode, interval: float = 0.02, timeout: float = 30.0) -> Iterator[SimNode]:
+    """Open and run a node in a background thread (for tests that drive a separate plugin process).
+
+    The node is opened *in* that thread: pyroute2's sync API belongs to the thread that made it.
+    """
+    stop, ready = threading.Event(), threading.Event()
+    failure: list[Exception] = []
+
+    def main() -> None:
         try:
-            yield node
-        finally:
-            stop.set()
-            t.join()
-    if node.errors:
-        raise RuntimeError(f"simulated RDMA node failed {node.errors} time(s) to apply events (see the log)")
+            with node:
+                ready.set()
+                node.serve(stop, interval)
+        except Exception as e:  # noqa: BLE001 - handed to the caller below
+            failure.append(e)
+            ready.set()
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    if not ready.wait(timeout) or failure:
+        stop.set()
+        raise RuntimeError(f"simulated RDMA node did not start: {failure[0] if failure else 'timeout'}")
+    try:
+        yield node
+    finally:
+        stop.set()
+        t.join()
+    if failure or node.errors:
+        raise RuntimeError(f"simulated RDMA node failed ({failure or node.errors} time(s)); see the log")
 
 
 def watched(node_netns: str | None, pod_netns: str) -> bool:
