@@ -139,7 +139,7 @@ class MacvlanPlugin:
 
     def _masters(self, cfg: MacvlanConfig) -> list[str]:
         if cfg.masters:
-            return list(cfg.masters)
+            return list(dict.fromkeys(cfg.masters))
         found = macvlan_rdma.default_masters(cfg)
         if found:
             return found
