@@ -489,13 +489,17 @@ def cni(
     rdma: dict[str, Any] | None = None,
     prev: dict[str, Any] | None = None,
     ifname: str = "net1",
+    extra: dict[str, Any] | None = None,
 ) -> tuple[int, dict[str, Any] | None, str]:
-    """Call the real rdma-macvlan entry point as a runtime does (env + config on stdin)."""
+    """Call the real rdma-macvlan entry point as a runtime does (env + config on stdin).
+
+    ``bond`` is the one master the network may use, or several separated by commas."""
     conf: dict[str, Any] = {
         "cniVersion": "1.1.0",
         "name": "rdma-e2e",
         "type": "rdma-macvlan",
-        "masters": [bond],
+        "masters": bond.split(","),
+        **(extra or {}),
         "sysfsRoot": SYS,
         "rdma": {"required": True, **(rdma or {})},
         "dataDir": str(STATE / "data"),
@@ -699,6 +703,47 @@ def plugin_section() -> None:
         R.check("DEL pod2: its GID record is removed", [], sorted(map(str, gid_records("pod2"))))
     ip(["netns del pod1"])
     R.check("host as before the pods (links, addresses, GID tables)", before, host_snapshot())
+    two_bonds_in_one_pod(host_idx, rdma_missing)
+    R.check("host as before, after the two-bond pod", before, host_snapshot())
+
+
+def two_bonds_in_one_pod(host_idx: dict[str, int | None], rdma_missing: str | None) -> None:
+    """A training pod gets several bond NICs: both bonds' addresses and GIDs move, both come back."""
+    ip(["netns add pod4"])
+    rc, res, _ = cni("ADD", "pod4", "bond0,bond1", extra={"count": 2})
+    R.check("ADD pod4 with two bonds: exit code", 0, rc)
+    names = sorted(
+        i["name"] for i in (res or {}).get("interfaces", []) if i.get("sandbox") == "/run/netns/pod4"
+    )
+    R.check("ADD pod4: one pod interface per bond", ["bond0", "bond1"], names)
+    for bond in ("bond0", "bond1"):
+        dev, _, addrs = BONDS[bond]
+        R.check(f"ADD pod4: {bond} left without IPv4 addresses", [], addresses(bond))
+        for a in addrs:
+            entry = v2_entry(dev, a)
+            R.check(f"ADD pod4: {a} at the host's GID index on {dev}", host_idx[a], entry and entry["index"])
+    rules = json.loads(run(["ip", "-n", "pod4", "-j", "-4", "rule", "show"]).stdout)
+    R.fact("pod4 policy rules", rules)
+    R.check(
+        "ADD pod4: a 'from <ip>' rule per bond, so replies leave by the NIC they came in on",
+        ["198.51.100.10", "198.51.100.11"],
+        sorted({r["src"] for r in rules if r.get("src") in ("198.51.100.10", "198.51.100.11")}),
+    )
+    if not rdma_missing:
+        records = [json.loads(p.read_text()) for p in gid_records("pod4")]
+        R.check(
+            "ADD pod4: a GID record per RDMA device",
+            ["mlx5_bond_0", "mlx5_bond_1"],
+            sorted(str(r.get("device")) for r in records),
+            records,
+        )
+    rc, _, _ = cni("DEL", "pod4", "bond0,bond1", extra={"count": 2}, prev=res)
+    R.check("DEL pod4: exit code", 0, rc)
+    ip(["netns del pod4"])
+    for bond in ("bond0", "bond1"):
+        dev, _, addrs = BONDS[bond]
+        for a in addrs:
+            R.check(f"DEL pod4: {a} back at the host's GID index", host_idx[a], v2_index(dev, a))
 
 
 def gid_records(pod: str) -> list[Path]:
