@@ -40,6 +40,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pyroute2.netlink.exceptions import NetlinkError
+
 from rdma_cni.net.netns import Netns, NetnsUnavailable, entered, netlink_in, open_netns
 from rdma_cni.rdma.sysfs import gid_for_ip
 from rdma_cni.sim import tree
@@ -213,7 +215,7 @@ class SimNode:
         """
         try:
             links, node_nsid = self._links(nsid)
-        except (OSError, NetnsUnavailable) as e:  # the pod netns vanished under us: the scan drops it
+        except (OSError, NetnsUnavailable, NetlinkError) as e:  # the pod netns vanished: the scan drops it
             log.debug("links of nsid %s unreadable: %s", nsid, e)
             return
         if nsid is None:
@@ -280,7 +282,7 @@ class SimNode:
     def _add_existing(self, owner: Owner, bond: str, only_link_local: bool = False) -> None:
         try:
             ips = self._addresses(owner)
-        except (OSError, NetnsUnavailable) as e:  # its netns is being deleted: the scan drops it
+        except (OSError, NetnsUnavailable, NetlinkError) as e:  # its netns is being deleted: scan drops it
             log.debug("addresses of %s unreadable: %s", owner, e)
             return
         for ip in ips:
@@ -321,7 +323,7 @@ class SimNode:
                     if any(p.path == path and p.inode == ns.inode for p in self.pods.values()):
                         continue
                     nsid = self._nsid_of(ns)
-            except Exception as e:  # noqa: BLE001 - a file being created/removed: next scan
+            except (OSError, NetnsUnavailable, NetlinkError) as e:  # being created/removed: next scan
                 log.debug("pod netns %s not usable yet: %s", path, e)
                 continue
             if nsid is None:
