@@ -426,3 +426,14 @@ def test_result_in_every_requested_version(node_ns: Node) -> None:
         assert all(("version" in ip) == legacy for ip in res.out["ips"]), json.dumps(res.out)
         assert ("mtu" in res.out["interfaces"][0]) == (version == "1.1.0")
         assert n.plugin("DEL", conf, pod, container_id=f"v{i}").code == 0
+
+
+def test_del_succeeds_and_forgets_when_the_bond_itself_is_gone(node_ns: Node) -> None:
+    n = node_ns
+    pod, _, _ = _added(n)
+    n.ip("link", "del", "bond0")  # the macvlan on it goes too
+    res = n.plugin("DEL", n.config(masters=["bond0"]), pod)
+    assert res.code == 0, res.stdout
+    assert n.state_files() == []
+    with open(os.path.join(n.tmp, "plugin.log")) as f:
+        assert "bond bond0 no longer exists" in f.read()
