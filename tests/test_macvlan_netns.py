@@ -437,3 +437,32 @@ def test_del_succeeds_and_forgets_when_the_bond_itself_is_gone(node_ns: Node) ->
     assert n.state_files() == []
     with open(os.path.join(n.tmp, "plugin.log")) as f:
         assert "bond bond0 no longer exists" in f.read()
+
+
+def test_add_with_a_netns_path_that_is_missing_or_not_a_netns_is_error_4(node_ns: Node) -> None:
+    n = node_ns
+    add_bonds(n, 1)
+    before = n.snapshot()
+    bogus = os.path.join(n.tmp, "plain-file")
+    with open(bogus, "w") as f:
+        f.write("x")
+    for path in (bogus, os.path.join(n.tmp, "missing")):
+        res = n.plugin("ADD", n.config(masters=["bond0"]), path)
+        assert res.code == 1 and res.out["code"] == 4, res.out
+    assert not os.path.exists(os.path.join(n.tmp, "missing"))  # never created by accident
+    assert n.snapshot() == before and n.state_files() == []
+
+
+def test_a_second_add_of_the_same_attachment_replaces_the_first(node_ns: Node) -> None:
+    n = node_ns
+    add_bonds(n, 1)
+    before = n.snapshot()
+    pod = n.pod()
+    conf = n.config(masters=["bond0"])
+    first = n.plugin("ADD", conf, pod)
+    second = n.plugin("ADD", conf, pod)
+    assert first.code == 0 and second.code == 0, second.stdout
+    assert n.pins() == {"bond0": "c1"}
+    assert pod_v4(n, pod, "bond0") == ["198.51.100.2/28", "198.51.100.3/28"]
+    assert n.plugin("DEL", conf, pod).code == 0
+    assert n.snapshot() == before
