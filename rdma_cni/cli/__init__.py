@@ -1,0 +1,1 @@
+"""Entry points: parse arguments, call policy, print; the only layer that exits the process."""
