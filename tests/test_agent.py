@@ -517,3 +517,31 @@ def test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit(tm
         assert rss_kib < 500 * 1024  # the seed's DaemonSet memory limit, 500Mi
     finally:
         stop(running.proc)
+
+
+def test_c_client_in_a_bundle_falls_back_to_the_bundle_program_by_its_own_name(tmp_path: Path) -> None:
+    """scripts/build-client --bundle: rdma-macvlan -> rdma-cni-client, which execs ./rdma-cni as
+    rdma-macvlan (the multicall bundle dispatches on argv[0]) when no agent answers."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    # A compiled stand-in: a script's interpreter would see the script path as argv[0], not ours.
+    source = tmp_path / "standin.c"
+    source.write_text(
+        "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
+        "int main(int c, char **v) { (void)c; const char *b = strrchr(v[0], '/');"
+        ' printf("%s|%s|", b ? b + 1 : v[0], getenv("RDMA_CNI_AGENT")); int ch;'
+        " while ((ch = getchar()) != EOF) putchar(ch); return 0; }\n"
+    )
+    subprocess.run(["cc", "-o", str(bundle / "rdma-cni"), str(source)], check=True)
+    (bundle / "rdma-macvlan").symlink_to("rdma-cni")
+    subprocess.run(
+        [str(REPO / "scripts" / "build-client"), "--bundle", str(bundle)], check=True, capture_output=True
+    )
+    assert os.readlink(bundle / "rdma-macvlan") == "rdma-cni-client"
+    assert os.readlink(bundle / "rdma-multus") == "rdma-cni-client"
+    link_dir = tmp_path / "opt-cni-bin"  # installed as a link elsewhere, like /opt/cni/bin/rdma-macvlan
+    link_dir.mkdir()
+    (link_dir / "rdma-macvlan").symlink_to(bundle / "rdma-macvlan")
+    env = dict(cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=str(tmp_path / "absent.sock"))
+    proc = subprocess.run([str(link_dir / "rdma-macvlan")], input=probe_conf(), env=env, capture_output=True)
+    assert proc.stdout.decode() == "rdma-macvlan|off|" + probe_conf().decode()
