@@ -163,6 +163,13 @@ def test_pod_to_pod_rdma_works_or_its_kernel_limit_is_recorded(vm: VmRun) -> Non
         assert limit["reason"], "a failed pod-to-pod pingpong must come with the kernel's reason"
 
 
+def test_plugin_killed_or_failing_mid_add_leaves_host_gid_index_recoverable(vm: VmRun) -> None:
+    reason = vm.skipped("crash")
+    if reason:
+        pytest.skip(f"crash section not run in the guest: {reason}")
+    vm.assert_checks_pass("crash")
+
+
 def test_exclusive_mode_add_fails_clearly_and_leaves_the_host_as_it_was(vm: VmRun) -> None:
     reason = vm.skipped("exclusive")
     if reason:

@@ -490,6 +490,7 @@ def cni(
     prev: dict[str, Any] | None = None,
     ifname: str = "net1",
     extra: dict[str, Any] | None = None,
+    failpoint: str | None = None,
 ) -> tuple[int, dict[str, Any] | None, str]:
     """Call the real rdma-macvlan entry point as a runtime does (env + config on stdin).
 
@@ -518,13 +519,15 @@ def cni(
         "CNI_PATH": "/usr/lib/cni:/opt/cni/bin",
         "CNI_ARGS": f"IgnoreUnknown=true;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}",
     }
+    if failpoint:
+        env["RDMA_CNI_FAILPOINT"] = failpoint  # the plugin's test hook: kill -9 itself / fail at a step
     t0 = time.monotonic()
     proc = run(
         [sys.executable, "-m", "rdma_cni.cli.macvlan"],
         stdin=json.dumps(conf),
         env=env,
         timeout=180,
-        ok=range(256),
+        ok=range(-64, 256),
     )
     seconds = round(time.monotonic() - t0, 2)
     try:
@@ -558,7 +561,7 @@ def status(bond: str, rdma: dict[str, Any] | None = None) -> tuple[int, dict[str
         stdin=json.dumps(conf),
         env=env,
         timeout=180,
-        ok=range(256),
+        ok=range(-64, 256),
     )
     out = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
     R.fact(
@@ -574,7 +577,7 @@ def pod_view(pod: str, dev: str, ipv4: str, index: int | None) -> None:
         return
     proc = run(
         [sys.executable, "-m", "rdma_cni.cli.tool", "gids", dev, "--netns", f"/run/netns/{pod}", "--json"],
-        ok=range(256),
+        ok=range(-64, 256),
         timeout=120,
     )
     try:
@@ -783,6 +786,47 @@ def check_gid_record(pod: str, dev: str, addr: str, index: int | None) -> None:
     )
 
 
+# ------------------------------------------------------------------ section: crash
+
+
+def crash_section() -> None:
+    """The plugin dies (kill -9) or fails at its most delicate moments, on real GID tables."""
+    missing = plugin_available() or plugin_rdma_missing()
+    if missing:
+        R.skip("crash", missing)
+        return
+    before = host_snapshot()
+    host_idx = {a: v2_index("mlx5_bond_0", a) for a in BONDS["bond0"][2]}
+    for label, failpoint, delete_netns_first in (
+        ("kill -9 with the addresses on neither side, then DEL", "addresses-removed", False),
+        ("kill -9 with the addresses in the pod, netns deleted, then DEL", "addresses-added", True),
+        ("I/O error after the GID check: ADD rolls back", "rdma-checked:error", False),
+    ):
+        ip(["netns add pod5"])
+        rc, out, _ = cni("ADD", "pod5", "bond0", failpoint=failpoint)
+        R.check(f"{label}: ADD did not succeed", True, rc != 0, out)
+        if failpoint.endswith(":error"):
+            R.check(f"{label}: error JSON with a code", True, isinstance((out or {}).get("code"), int), out)
+            R.check(f"{label}: host restored by the failed ADD itself", before, host_snapshot())
+        else:
+            R.check(f"{label}: killed (-9)", -9, rc)
+        if delete_netns_first:
+            ip(["netns del pod5"])
+        rc, _, _ = cni("DEL", "pod5", "bond0")
+        R.check(f"{label}: DEL exit code", 0, rc)
+        R.check(
+            f"{label}: bond0 has its addresses back in order",
+            ["198.51.100.10/24", "198.51.100.20/24 secondary"],
+            addresses("bond0"),
+        )
+        for a, index in host_idx.items():
+            R.check(f"{label}: {a} back at the host's GID index", index, v2_index("mlx5_bond_0", a))
+        if not delete_netns_first:
+            R.check(f"{label}: nothing left in the pod", ["lo"], pod_links("pod5"))
+            ip(["netns del pod5"])
+    R.check("host as before the crashes", before, host_snapshot())
+
+
 # ------------------------------------------------------------------ RDMA traffic
 
 
@@ -831,7 +875,7 @@ def pingpong(
     print("$ " + shlex.join(argv(*server, 40)) + " &", flush=True)
     srv = subprocess.Popen(argv(*server, 40), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: listening(srv.pid), 15)
-    cli = run([*argv(*client, 25), server_ip], ok=range(256), timeout=60)
+    cli = run([*argv(*client, 25), server_ip], ok=range(-64, 256), timeout=60)
     if cli.returncode != 0:
         time.sleep(1)
         srv.terminate()  # `timeout` passes it on to the server
@@ -953,7 +997,7 @@ def exclusive_section() -> None:
         )
         R.check("STATUS, config shared, kernel exclusive: non-zero exit", True, rc != 0)
         before = host_snapshot()
-        r = run(["rdma", "dev", "set", "mlx5_bond_0", "netns", "pod3"], ok=range(256))
+        r = run(["rdma", "dev", "set", "mlx5_bond_0", "netns", "pod3"], ok=range(-64, 256))
         R.fact(
             "rxe moved to a netns by hand (exclusive mode)", {"rc": r.returncode, "stderr": r.stderr.strip()}
         )
@@ -990,6 +1034,7 @@ def main() -> int:
         ("setup", build_node),
         ("kernel", kernel_section),
         ("plugin", plugin_section),
+        ("crash", crash_section),
         ("exclusive", exclusive_section),
     ):
         R.section = name
