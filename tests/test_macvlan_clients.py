@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -32,19 +33,13 @@ BONDS = {  # bond -> (its address, the switch peer's address, a subnet routed vi
 
 @pytest.fixture(scope="module")
 def cnitool() -> str:
-    reason = can_run() or ("" if shutil_which("unshare") else "needs unshare(1) for cnitool's cache dir")
+    reason = can_run() or ("" if shutil.which("unshare") else "needs unshare(1) for cnitool's cache dir")
     if reason:
         pytest.skip(reason)
     path, why = build_cnitool()
     if not path:
         pytest.skip(why)
     return path
-
-
-def shutil_which(name: str) -> bool:
-    import shutil
-
-    return shutil.which(name) is not None
 
 
 @pytest.fixture
@@ -178,7 +173,8 @@ def test_tuning_chained_after_rdma_macvlan(client: str, cnitool: str, node: Clie
     "CHECK fail with code 107 although prevResult carries the new MAC; upstream macvlan checks the MAC "
     "against prevResult only and does not check the MTU"))  # fmt: skip
 @pytest.mark.parametrize("change", ["mac", "mtu"])
-def test_check_accepts_a_mac_or_mtu_set_by_a_later_plugin(change: str, cnitool: str, node: ClientNode) -> None:
+def test_check_accepts_a_mac_or_mtu_set_by_a_later_plugin(change: str, cnitool: str,
+                                                           node: ClientNode) -> None:  # fmt: skip
     cable(node, "bond0")
     keys: dict[str, object] = {"capabilities": {"mac": True}} if change == "mac" else {"mtu": 1400}
     node.conflist(NET, [node.macvlan(masters=["bond0"], podIfName="cni"), tuning(node, **keys)])
