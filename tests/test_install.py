@@ -416,3 +416,13 @@ def test_kubeconfig_from_the_service_account_is_what_rdma_multus_reads(bundle: P
     assert load(str(path)).bearer_token() == "tok-456"
     missing = _run(cmd, env={**env, "RDMA_CNI_SERVICEACCOUNT_DIR": str(tmp_path / "none")})
     assert missing.returncode != 0 and "service account" in missing.stderr
+
+
+def test_demo_runs_on_the_installed_bundle(bundle: Path) -> None:
+    """The whole demo (rdma-multus -> ptp + rdma-macvlan, gids, doctor, state, DEL) on the frozen binaries."""
+    if os.geteuid() != 0 or not os.access("/usr/lib/cni/ptp", os.X_OK):
+        pytest.skip("needs root and the reference CNI plugins")
+    proc = _run([str(REPO / "scripts" / "demo"), "--bundle", str(bundle)], cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert f"install.sh --bundle {bundle}" in proc.stdout
+    assert "0 warnings, 0 failures" in proc.stdout and "demo OK" in proc.stdout
