@@ -545,3 +545,30 @@ def test_c_client_in_a_bundle_falls_back_to_the_bundle_program_by_its_own_name(t
     env = dict(cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=str(tmp_path / "absent.sock"))
     proc = subprocess.run([str(link_dir / "rdma-macvlan")], input=probe_conf(), env=env, capture_output=True)
     assert proc.stdout.decode() == "rdma-macvlan|off|" + probe_conf().decode()
+
+
+def test_caller_whose_mounts_hide_the_agents_code_is_refused(agent: RunningAgent, tmp_path: Path) -> None:
+    """A worker joins the caller's mount namespace and may import lazily from there: when the
+    agent's package is another file at that path (an agent image that is not the node's install),
+    the call is refused and runs in-process instead."""
+    import rdma_cni
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    marker = tmp_path / "ran.json"
+    package_dir = os.path.dirname(os.path.abspath(rdma_cni.__file__))
+    script = f"""
+import ctypes, json, subprocess, sys
+from rdma_cni.agent import client
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.unshare(0x00020000) == 0, "unshare(CLONE_NEWNS)"
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+subprocess.run(["mount", "--bind", {str(empty)!r}, {package_dir!r}], check=True)
+a = client.forward("probe", {cni_env("ADD")!r}, {probe_conf(probeFile=str(marker))!r}, path={agent.sock!r})
+print(json.dumps(a is None))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    assert json.loads(out.stdout) is True
+    assert not marker.exists()
+    assert "another file in the caller's mount namespace" in agent.log.read_text()

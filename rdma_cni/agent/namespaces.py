@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
@@ -39,6 +40,39 @@ def enter_caller(net_fd: int, mnt_fd: int) -> None:
 
 
 PR_SET_PDEATHSIG = 1
+
+CodeAnchors = dict[str, tuple[int, int]]
+
+
+def code_anchors() -> CodeAnchors:
+    """(device, inode) of the agent's interpreter and package dir, taken in the agent's own mounts.
+
+    A worker imports lazily-loaded modules by path after joining the caller's mount namespace; if
+    those paths are other files there (an agent container whose image is not the host's install),
+    the call must not run in the agent at all.
+    """
+    import rdma_cni
+
+    anchors: CodeAnchors = {}
+    for path in (sys.executable, os.path.dirname(os.path.abspath(rdma_cni.__file__))):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # e.g. a package that lives inside a frozen archive
+        anchors[path] = (st.st_dev, st.st_ino)
+    return anchors
+
+
+def code_mismatch(anchors: CodeAnchors) -> str:
+    """Empty when every anchor is the same file here; else which one differs."""
+    for path, ident in anchors.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return f"{path} does not exist in the caller's mount namespace"
+        if (st.st_dev, st.st_ino) != ident:
+            return f"{path} is another file in the caller's mount namespace"
+    return ""
 
 
 def die_with_parent(on: bool) -> None:

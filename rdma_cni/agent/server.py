@@ -51,6 +51,7 @@ class Agent:
     idle: set[int] = field(default_factory=set)  # forked, waiting in accept()
     busy: set[int] = field(default_factory=set)  # serving one call each
     jobs: set[int] = field(default_factory=set)  # reconcile passes
+    anchors: namespaces.CodeAnchors = field(default_factory=dict)
     _events: tuple[int, int] = (-1, -1)  # pipe: a worker writes its pid when it takes a call
     _listener: socket.socket | None = None
     _lock_fd: int = -1
@@ -70,6 +71,7 @@ class Agent:
                 log.info("warm-up: %s not importable (%s)", name, exc)
         served = self.registry.preload()
         namespaces.warm()
+        self.anchors = namespaces.code_anchors()
         gc.collect()
         gc.freeze()
         return served
@@ -168,7 +170,7 @@ class Agent:
         os.write(self._events[1], struct.pack("!I", os.getpid()))
         self._listener.close()
         try:
-            worker.handle(conn, self.registry)
+            worker.handle(conn, self.registry, self.anchors)
         finally:
             conn.close()
 

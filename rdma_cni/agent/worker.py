@@ -34,11 +34,11 @@ def peer_uid(conn: socket.socket) -> int:
     return int(_PEERCRED.unpack(raw)[1])
 
 
-def handle(conn: socket.socket, registry: Registry) -> None:
+def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnchors | None = None) -> None:
     """Serve one connection to the end; never raises (the caller is a forked child about to exit)."""
     try:
         conn.settimeout(HANDSHAKE_TIMEOUT)
-        plugin, env, stdin = _accept_call(conn, registry)
+        plugin, env, stdin = _accept_call(conn, registry, anchors or {})
     except Refused as why:
         log.info("refused a call: %s", why)
         _send_quietly(conn, wire.REFUSE)
@@ -64,7 +64,9 @@ def handle(conn: socket.socket, registry: Registry) -> None:
     log.info("served %s: exit %d in %.1f ms", call, code, (time.monotonic() - started) * 1000)
 
 
-def _accept_call(conn: socket.socket, registry: Registry) -> tuple[str, dict[str, str], bytes]:
+def _accept_call(
+    conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnchors
+) -> tuple[str, dict[str, str], bytes]:
     head, fds, _, _ = socket.recv_fds(conn, 12, 4)
     try:
         if not head:
@@ -85,6 +87,9 @@ def _accept_call(conn: socket.socket, registry: Registry) -> tuple[str, dict[str
             namespaces.enter_caller(fds[0], fds[1])
         except OSError as exc:
             raise Refused(f"cannot enter the caller's namespaces: {exc}") from exc
+        mismatch = namespaces.code_mismatch(anchors)
+        if mismatch:
+            raise Refused(f"{mismatch}: run the agent from the node's install path")
     finally:
         for fd in fds:
             os.close(fd)
