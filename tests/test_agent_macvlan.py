@@ -146,7 +146,7 @@ def cold(
 
 
 def without_macs(result: dict[str, Any]) -> dict[str, Any]:
-    out = json.loads(json.dumps(result))
+    out: dict[str, Any] = json.loads(json.dumps(result))
     for iface in out.get("interfaces", []):
         iface.pop("mac", None)
     return out
