@@ -73,6 +73,17 @@ class ClientNode(Node):
     def cache(self) -> Path:
         return Path(self.tmp) / "libcni"
 
+    @property
+    def calls_log(self) -> Path:
+        return Path(self.tmp) / "calls.log"
+
+    def calls(self) -> list[tuple[str, str, bool]]:
+        """(CNI_COMMAND, CNI_NETNS, stdin had a prevResult) of every rdma-macvlan exec, in order."""
+        if not self.calls_log.exists():
+            return []
+        rows = [line.split("\t") for line in self.calls_log.read_text().splitlines()]
+        return [(cmd, netns, prev != "0") for cmd, netns, prev in rows]
+
     def install_plugins(self) -> None:
         """The CNI_PATH dir: our plugin as a runtime execs it, and Debian's reference plugins."""
         for d in (self.bin_dir, self.netconf, self.cache):
@@ -80,8 +91,11 @@ class ClientNode(Node):
         wrapper = self.bin_dir / "rdma-macvlan"
         wrapper.write_text(
             "#!/bin/sh\n"
+            "input=$(cat)\n"
+            "prev=$(printf '%s' \"$input\" | grep -c '\"prevResult\"')\n"
+            f'printf \'%s\\t%s\\t%s\\n\' "$CNI_COMMAND" "$CNI_NETNS" "$prev" >> {self.calls_log}\n'
             f"export RDMA_CNI_AGENT=off PYTHONPATH={REPO}\n"
-            f"exec {sys.executable} -m rdma_cni.cli.macvlan\n"
+            f"printf '%s' \"$input\" | exec {sys.executable} -m rdma_cni.cli.macvlan\n"
         )
         wrapper.chmod(0o755)
         for plugin in ("tuning", "loopback"):
@@ -180,3 +194,38 @@ def pod_view(netns: str | int, ifname: str) -> dict[str, Any]:
 def pod_links(netns: str | int) -> set[str]:
     enter = ["ip", "-n", netns] if isinstance(netns, str) else ["nsenter", "-t", str(netns), "-n", "ip"]
     return {str(x["ifname"]) for x in json.loads(sh(*enter, "-j", "link").stdout or "[]")}
+
+
+@contextmanager
+def containerd(n: ClientNode, conf_dir: Path) -> Iterator[Any]:
+    """H5's private containerd (tests/test_containerd_cri.py) in ``n``'s netns, CNI ``bin_dir`` =
+    ``n.bin_dir``, ``conf_dir`` = ``conf_dir``; yields its CRI client. Sandboxes still live at exit
+    are stopped and removed (their DELs give the bonds back), then containerd and its shims stop.
+
+    Imported here, not at module level: that module skips itself when containerd is missing.
+    """
+    from tests.test_containerd_cri import Containerd, Cri
+
+    class OurContainerd(Containerd):  # type: ignore[misc]  # same harness, this helper's root dir
+        def __init__(self, node: ClientNode) -> None:
+            super().__init__(node)
+            self.root = Path(f"/tmp/{PREFIX}ctd-{node.tag}")  # short: socket paths are <= 108 bytes
+
+    ctd = OurContainerd(n)
+    cri = None
+    try:
+        ctd.start(conf_dir)
+        cri = Cri(ctd.socket)
+        yield cri
+    finally:
+        if cri is not None:
+            cri.cleanup()
+        ctd.stop()
+
+
+def sandbox_netns(info: dict[str, Any]) -> Pod:
+    """The sandbox's netns (containerd made it under /var/run/netns) from PodSandboxStatus's info."""
+    for ns in info["runtimeSpec"]["linux"]["namespaces"]:
+        if ns["type"] == "network":
+            return Pod(os.path.basename(ns["path"]))
+    raise AssertionError(f"no network namespace in the sandbox's spec: {info['runtimeSpec']['linux']}")

@@ -14,10 +14,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from clients import ClientNode, Tool, build_cnitool, client_node, pod_links, pod_view
+from clients import (
+    ClientNode,
+    Tool,
+    build_cnitool,
+    client_node,
+    containerd,
+    pod_links,
+    pod_view,
+    sandbox_netns,
+)
 from netns import can_run
 
 pytestmark = pytest.mark.netns
@@ -217,3 +228,74 @@ def test_one_tool_adds_the_other_checks_and_deletes(adder: str, deleter: str, cn
     t[adder].ok("del", NET, pod)
     assert_clean(node, before)
     assert os.listdir(node.cache / "results") == []
+
+
+# --- 3: containerd's CRI plugin, rdma-macvlan as the pod network ------------------------------------------
+
+
+@pytest.fixture
+def cri_node(node: ClientNode) -> ClientNode:
+    for need in ("containerd", "runc", "ctr", "nsenter"):
+        if shutil.which(need) is None:
+            pytest.skip(f"needs {need} (Debian's containerd, runc, util-linux)")
+    if not os.path.exists("/bin/busybox"):
+        pytest.skip("needs /bin/busybox (busybox-static) for the sandbox image")
+    pytest.importorskip("grpc", reason="needs grpcio for the CRI client")
+    return node
+
+
+def cri_conf(n: ClientNode, **keys: object) -> Path:
+    """containerd's conf_dir: one conflist whose first (only) plugin is rdma-macvlan."""
+    conf_dir = Path(n.tmp) / "cri-net.d"
+    conf_dir.mkdir(exist_ok=True)
+    plugin = n.macvlan(masters=["bond0", "bond1"], **keys)
+    (conf_dir / "10-h8-rdma.conflist").write_text(
+        json.dumps({"cniVersion": "1.0.0", "name": NET, "plugins": [plugin]}))  # fmt: skip
+    return conf_dir
+
+
+def test_containerd_runs_a_pod_on_rdma_macvlan_and_gives_the_bond_back(cri_node: ClientNode) -> None:
+    n = cri_node
+    cable(n, "bond0", "bond1")
+    before = n.snapshot()
+    # containerd takes the pod IP from the interface named eth0: podIfName "cni" names it so.
+    with containerd(n, cri_conf(n, podIfName="cni")) as cri:
+        sid = cri.run_pod_sandbox("h8-app", "default", str(uuid.uuid4()), {})
+        state, ip, info = cri.sandbox_status(sid)
+        assert state == 0 and ip == "198.51.100.2", "the pod IP is the bond's IP"
+        pod = sandbox_netns(info)
+        assert pod_links(pod.name) == {"lo", "eth0"}
+        assert pod_view(pod.name, "eth0")["inet"] == ["198.51.100.2/28"]
+        assert node_inet(n, "bond0") == [] and node_inet(n, "bond1") == ["198.51.100.18/28"]
+        assert n.ping(pod, peer_ip("bond0"), "eth0")
+        assert set(n.pins()) == {"bond0"}
+
+        cri.stop_pod_sandbox(sid)  # DEL with the netns and prevResult
+        assert_clean(n, before)
+        cri.remove_pod_sandbox(sid)  # DEL again: CNI_NETNS="" and no prevResult
+        assert_clean(n, before)
+    calls = [(cmd, bool(netns), prev) for cmd, netns, prev in n.calls()]
+    assert calls == [("ADD", True, False), ("DEL", True, True), ("DEL", False, False)], n.calls()
+
+
+def test_containerd_refuses_a_pod_without_eth0_and_the_node_gets_everything_back(
+    cri_node: ClientNode,
+) -> None:
+    """podIfName "master" (the default) names the pod interface bond0: containerd then finds no pod IP
+    in the result, fails RunPodSandbox and tears the network down — the bond must get its IP back."""
+    n = cri_node
+    cable(n, "bond0", "bond1")
+    before = n.snapshot()
+    with containerd(n, cri_conf(n)) as cri:
+        with pytest.raises(grpc_error()) as failed:
+            cri.run_pod_sandbox("h8-app", "default", str(uuid.uuid4()), {})
+        assert "failed to find network info" in str(failed.value)
+        assert_clean(n, before)
+    cmds = [cmd for cmd, _, _ in n.calls()]
+    assert cmds[0] == "ADD" and "DEL" in cmds, n.calls()
+
+
+def grpc_error() -> type[BaseException]:
+    import grpc
+
+    return grpc.RpcError  # type: ignore[no-any-return]
