@@ -119,6 +119,7 @@ def test_daemonset_carries_the_seed_component_parameters() -> None:
     install = pod["initContainers"][0]
     assert install["command"] == ["/opt/rdma-cni/install.sh"]
     args = install["args"]
+    assert args[args.index("--host-root") + 1] == "/host"  # configs must name node paths
     assert args[args.index("--mode") + 1] == "$(CLUSTER_MODE)"
     assert args[args.index("--kubelet-root-dir") + 1] == "$(KUBELET_ROOT_DIR)"
 

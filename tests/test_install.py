@@ -426,3 +426,57 @@ def test_demo_runs_on_the_installed_bundle(bundle: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert f"install.sh --bundle {bundle}" in proc.stdout
     assert "0 warnings, 0 failures" in proc.stdout and "demo OK" in proc.stdout
+
+
+def _daemonset_commands() -> list[list[str]]:
+    """The install commands of conf/k8s/rdma-cni.yaml: the init container's, and the agent's loop body."""
+    yaml = pytest.importorskip("yaml")
+    docs = list(yaml.safe_load_all((REPO / "conf/k8s/rdma-cni.yaml").read_text()))
+    pod = next(d for d in docs if d and d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    init = pod["initContainers"][0]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    first = [init["command"][0]] + [
+        a.replace("$(CLUSTER_MODE)", env["CLUSTER_MODE"]).replace(
+            "$(KUBELET_ROOT_DIR)", env["KUBELET_ROOT_DIR"]
+        )
+        for a in init["args"]
+    ]
+    loop = pod["containers"][0]["args"][0]
+    body = loop[loop.index("/opt/rdma-cni/install.sh") :].split("\ndone")[0]
+    second = [w.strip('"') for w in body.replace("\\\n", " ").split()]
+    second = [
+        env["CLUSTER_MODE"]
+        if w == "$CLUSTER_MODE"
+        else env["KUBELET_ROOT_DIR"]
+        if w == "$KUBELET_ROOT_DIR"
+        else w
+        for w in second
+    ]
+    return [first, second]
+
+
+def test_the_daemonset_install_commands_lay_down_a_node_installation(bundle: Path, tmp_path: Path) -> None:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t\n")
+    (sa / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    env = {
+        "PATH": os.environ["PATH"],
+        "RDMA_CNI_SERVICEACCOUNT_DIR": str(sa),
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    }
+    host = tmp_path / "host"
+    for cmd in _daemonset_commands():
+        assert cmd[0] == "/opt/rdma-cni/install.sh"
+        argv = [str(bundle / "install.sh")] + [
+            str(bundle) if a == "/opt/rdma-cni/bundle" else str(host) if a == "/host" else a for a in cmd[1:]
+        ]
+        proc = _run(argv, env=env)
+        assert proc.returncode == 0, (cmd, proc.stderr)
+    meta = json.loads((host / "etc/cni/net.d/00-rdma-multus.conflist").read_text())["plugins"][0]
+    # Node paths in the node's configs, not the container's /host view.
+    assert meta["confDir"] == "/etc/cni/net.d/rdma-multus.d"
+    assert meta["kubeletRootDir"] == "/var/lib/kubelet" and meta["defaultDelegates"] == "tke-route-eni"
+    assert (host / "etc/cni/net.d/rdma-multus.d/rdma-multus.kubeconfig").is_file()
+    for name in NAMES:
+        assert os.readlink(host / "opt/cni/bin" / name) == f"rdma-cni.d/current/{name}"
