@@ -225,12 +225,16 @@ int main(int argc, char **argv) {
     put_u32(&frame, (uint32_t)body.len);
     put(&frame, body.p, body.len);
 
+    /* Verbs that are safe to run twice send GO right behind the request (no wait for READY). */
+    int eager = strcmp(command, "ADD") != 0;
+    if (eager) put(&frame, "G", 1);
+
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) fall_back(argv, &in);
     set_timeout(fd, READY_TIMEOUT_MS);
     unsigned char reply = 0;
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, &frame) ||
-        recv_exact(fd, &reply, 1) || reply != 'R' || send_all(fd, (const unsigned char *)"G", 1)) {
+        recv_exact(fd, &reply, 1) || reply != 'R' || (!eager && send_all(fd, (const unsigned char *)"G", 1))) {
         close(fd);
         fall_back(argv, &in);
     }
