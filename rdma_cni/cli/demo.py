@@ -223,9 +223,9 @@ class Demo:
             logFile=str(self.tmp / "log" / "rdma-multus.log"),
         )
         (self.conf_dir / "00-rdma-multus.conflist").write_text(json.dumps(meta, indent=2))
+        # Only the paths change: masters come from the RDMA devices (sysfsRoot), as on a real node.
         macvlan = json.loads((src / "rdma-multus.d" / "tke-rdma-macvlan.conf").read_text())
         macvlan.update(
-            masters=self.bonds,
             dataDir=str(self.tmp / "state"),
             runDir=str(self.tmp / "run"),
             sysfsRoot=self.sysfs,

@@ -131,8 +131,11 @@ def render_inventory(inv: dict[str, Any]) -> str:
         )
         for b in a["bonds"]:
             gid = ""
-            if isinstance(b["rdma"], dict) and b["rdma"].get("gidIndex") is not None:
-                gid = f", {b['rdma'].get('device', '?')} GID index {b['rdma']['gidIndex']}"
+            rdma = b["rdma"] if isinstance(b["rdma"], dict) else {}
+            index = rdma.get("podGidIndex", rdma.get("hostGidIndex"))
+            if index is not None:
+                uverbs = f", /dev/infiniband/{rdma['uverbs']}" if rdma.get("uverbs") else ""
+                gid = f", {rdma.get('device', '?')} GID index {index}{uverbs}"
             lines.append(f"  {b['bond']} -> {b['podIfname']}: {', '.join(b['addresses']) or '-'}{gid}")
     lines.append("")
     if not inv["missing"]:
