@@ -137,7 +137,14 @@ def pin(n: netns.Node, container_id: str, bond: str, cidr: str, pod_path: str) -
                 pod_ifname=bond,
                 temp_name="mvtmp",
                 addresses=[addr],
-                rdma={"device": "mlx5_bond_0", "port": 1, "gidIndex": 1},
+                rdma={
+                    "device": "mlx5_bond_0",
+                    "port": 1,
+                    "uverbs": "uverbs0",
+                    "ip": ip,
+                    "hostGidIndex": 1,
+                    "podGidIndex": 1,
+                },
             )
         ],
     )
@@ -399,7 +406,7 @@ def test_state_command_names_the_pod_and_what_the_host_misses(node: netns.Node, 
     out = cni_tool(p, "state")
     assert out.returncode == 0, out.stderr
     assert "container abc123live (default/ibv-app-0) net1: added, netns alive" in out.stdout
-    assert "bond0 -> bond0: 198.51.100.2/28, mlx5_bond_0 GID index 1" in out.stdout
+    assert "bond0 -> bond0: 198.51.100.2/28, mlx5_bond_0 GID index 1, /dev/infiniband/uverbs0" in out.stdout
     assert "the host is missing nothing" in out.stdout
     node.delete_pod(live)
     gone = cni_tool(p, "state", "--json")
