@@ -221,6 +221,10 @@ def containerd(n: ClientNode, conf_dir: Path) -> Iterator[Any]:
         if cri is not None:
             cri.cleanup()
         ctd.stop()
+        # A sandbox netns containerd made for us and could not remove (it died, say): our ADDs name them.
+        for netns in {path for cmd, path, _ in n.calls() if cmd == "ADD" and "/netns/cni-" in path}:
+            if os.path.exists(netns):
+                sh("ip", "netns", "del", os.path.basename(netns), check=False)
 
 
 def sandbox_netns(info: dict[str, Any]) -> Pod:

@@ -11,6 +11,7 @@ Setup and cleanup live in :mod:`clients`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ from clients import (
     pod_view,
     sandbox_netns,
 )
-from netns import can_run
+from netns import can_run, sh
 
 pytestmark = pytest.mark.netns
 
@@ -68,10 +69,16 @@ def cable(n: ClientNode, *bonds: str) -> None:
         cidr, peer, routed = BONDS[bond]
         n.bond(bond, cidr, peer=peer)
         n.ip("route", "add", routed, "via", peer.split("/")[0], "dev", bond)
+        sh("ip", "-n", n.switch, "addr", "add", f"{far_ip(bond)}/32", "dev", "lo")  # reached via the route
 
 
 def peer_ip(bond: str) -> str:
     return BONDS[bond][1].split("/")[0]
+
+
+def far_ip(bond: str) -> str:
+    """An address of the switch that only the bond's route (moved into the pod) leads to."""
+    return str(ipaddress.ip_network(BONDS[bond][2])[1])
 
 
 def node_inet(n: ClientNode, bond: str) -> list[str]:
@@ -105,7 +112,8 @@ def test_one_bond_round_trip(client: str, cnitool: str, node: ClientNode) -> Non
     assert pod_view(pod.name, "bond0")["inet"] == ["198.51.100.2/28"]
     assert pod_view(pod.name, "bond0")["mac"] == result["interfaces"][0]["mac"]
     assert node_inet(node, "bond0") == [], "the bond still holds the address it gave the pod"
-    assert node.ping(pod, peer_ip("bond0"), "bond0")
+    assert result["routes"] == [{"dst": "203.0.113.0/28", "gw": "198.51.100.1"}]
+    assert node.ping(pod, peer_ip("bond0"), "bond0") and node.ping(pod, far_ip("bond0"), "bond0")
     assert set(node.pins()) == {"bond0"}
 
     tool.ok("check", NET, pod)
@@ -130,7 +138,8 @@ def test_two_bond_pod_round_trip(client: str, cnitool: str, node: ClientNode) ->
     assert sorted(ip["address"] for ip in result["ips"]) == ["198.51.100.18/28", "198.51.100.2/28"]
     for bond in ("bond0", "bond1"):
         assert pod_view(pod.name, bond)["inet"] == [BONDS[bond][0]]
-        assert node.ping(pod, peer_ip(bond), bond), f"no reply from {peer_ip(bond)} through {bond}"
+        for dst in (peer_ip(bond), far_ip(bond)):
+            assert node.ping(pod, dst, bond), f"no reply from {dst} through {bond}"
         assert node_inet(node, bond) == []
     assert set(node.pins()) == {"bond0", "bond1"}
 
@@ -267,7 +276,7 @@ def test_containerd_runs_a_pod_on_rdma_macvlan_and_gives_the_bond_back(cri_node:
         assert pod_links(pod.name) == {"lo", "eth0"}
         assert pod_view(pod.name, "eth0")["inet"] == ["198.51.100.2/28"]
         assert node_inet(n, "bond0") == [] and node_inet(n, "bond1") == ["198.51.100.18/28"]
-        assert n.ping(pod, peer_ip("bond0"), "eth0")
+        assert n.ping(pod, peer_ip("bond0"), "eth0") and n.ping(pod, far_ip("bond0"))
         assert set(n.pins()) == {"bond0"}
 
         cri.stop_pod_sandbox(sid)  # DEL with the netns and prevResult
@@ -299,3 +308,54 @@ def grpc_error() -> type[BaseException]:
     import grpc
 
     return grpc.RpcError  # type: ignore[no-any-return]
+
+
+# --- result versions and CHECK failures as the clients see them ------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.0"])
+def test_older_result_versions_through_cnitool(version: str, cnitool: str, node: ClientNode) -> None:
+    """libcni caches our result in the list's version and hands it back as prevResult (CHECK from 0.4.0)."""
+    cable(node, "bond0")
+    node.conflist(NET, [node.macvlan(masters=["bond0"])], version=version)
+    before = node.snapshot()
+    pod = node.pod()
+    tool = tools(node, cnitool)["cnitool"]
+
+    result = json.loads(tool.ok("add", NET, pod))
+    assert result["cniVersion"] == version
+    assert result["ips"] == [{"version": "4", "interface": 0, "address": "198.51.100.2/28"}]
+    assert node.ping(pod, peer_ip("bond0"), "bond0")
+    check = tool.run("check", NET, pod)
+    if version == "0.3.1":  # CHECK came with 0.4.0: libcni refuses it before calling the plugin
+        assert check.returncode != 0 and "0.3.1" in check.stderr
+        assert [c for c, _, _ in node.calls()] == ["ADD"]
+    else:
+        assert check.returncode == 0, check.stderr
+        assert [(c, prev) for c, _, prev in node.calls()] == [("ADD", False), ("CHECK", True)]
+    tool.ok("del", NET, pod)
+    # libcni hands DEL the cached result only from 0.4.0 on; ours needs neither (its own state)
+    assert node.calls()[-1][0] == "DEL" and node.calls()[-1][2] == (version != "0.3.1")
+    assert_clean(node, before)
+
+
+@pytest.mark.parametrize("client", ["cnitool", "cni-tool"])
+def test_check_fails_when_the_host_took_the_ip_back_and_del_still_restores(
+    client: str, cnitool: str, node: ClientNode
+) -> None:
+    cable(node, "bond0")
+    node.conflist(NET, [node.macvlan(masters=["bond0"])])
+    before = node.snapshot()
+    pod = node.pod()
+    tool = tools(node, cnitool)[client]
+    tool.ok("add", NET, pod)
+    node.ip("addr", "add", "198.51.100.2/28", "dev", "bond0")  # an admin (or a DHCP client) puts it back
+
+    check = tool.run("check", NET, pod)
+    assert check.returncode != 0
+    assert "198.51.100.2/28 is back on bond0" in check.stderr
+    if client == "cni-tool":  # cnitool prints only the message
+        assert "CNI error code 107" in check.stderr
+    tool.ok("del", NET, pod)
+    assert pod_links(pod.name) == {"lo"}
+    assert_clean(node, before)
