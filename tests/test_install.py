@@ -96,6 +96,12 @@ def test_bundle_refuses_an_unknown_name_clearly(bundle: Path, tmp_path: Path) ->
     assert "rdma-macvlan" in proc.stderr and proc.stdout == ""
 
 
+def test_bundle_runs_a_command_named_as_its_first_argument(bundle: Path, tmp_path: Path) -> None:
+    proc = _run([str(bundle / "rdma-cni"), "cni-tool", "--help"], env=bare_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "doctor" in proc.stdout and "state" in proc.stdout and "gids" in proc.stdout
+
+
 def test_install_layout_configs_and_node_paths(bundle: Path, tmp_path: Path) -> None:
     proc = install(bundle, tmp_path, "--mode", "vpc-cni", "--conf-dir", "/etc/cni/net.d")
     assert proc.returncode == 0, proc.stderr
