@@ -153,6 +153,8 @@ def test_two_bond_pod_round_trip(client: str, cnitool: str, node: ClientNode) ->
 
 def tuning(n: ClientNode, **keys: object) -> dict[str, object]:
     """Debian's tuning, keeping its backup of the original values in the test's dir (not /run/cni)."""
+    if not (n.bin_dir / "tuning").exists():
+        pytest.skip("Debian's containernetworking-plugins missing: no /usr/lib/cni/tuning (scripts/setup)")
     return {"type": "tuning", "dataDir": os.path.join(n.tmp, "tuning"), **keys}
 
 
@@ -247,6 +249,8 @@ def cri_node(node: ClientNode) -> ClientNode:
     for need in ("containerd", "runc", "ctr", "nsenter"):
         if shutil.which(need) is None:
             pytest.skip(f"needs {need} (Debian's containerd, runc, util-linux)")
+    if not (node.bin_dir / "loopback").exists():
+        pytest.skip("Debian's containernetworking-plugins missing: containerd needs /usr/lib/cni/loopback")
     if not os.path.exists("/bin/busybox"):
         pytest.skip("needs /bin/busybox (busybox-static) for the sandbox image")
     pytest.importorskip("grpc", reason="needs grpcio for the CRI client")
@@ -263,21 +267,30 @@ def cri_conf(n: ClientNode, **keys: object) -> Path:
     return conf_dir
 
 
-def test_containerd_runs_a_pod_on_rdma_macvlan_and_gives_the_bond_back(cri_node: ClientNode) -> None:
+@pytest.mark.parametrize("count", [1, 2])
+def test_containerd_runs_a_pod_on_rdma_macvlan_and_gives_the_bonds_back(
+    count: int, cri_node: ClientNode
+) -> None:
     n = cri_node
     cable(n, "bond0", "bond1")
     before = n.snapshot()
-    # containerd takes the pod IP from the interface named eth0: podIfName "cni" names it so.
-    with containerd(n, cri_conf(n, podIfName="cni")) as cri:
+    # containerd takes the pod IP from the interface named eth0: podIfName "cni" names it so (eth0,
+    # then eth0_1 for a second bond).
+    pod_ifs = {"bond0": "eth0", "bond1": "eth0_1"} if count == 2 else {"bond0": "eth0"}
+    with containerd(n, cri_conf(n, podIfName="cni", count=count)) as cri:
         sid = cri.run_pod_sandbox("h8-app", "default", str(uuid.uuid4()), {})
         state, ip, info = cri.sandbox_status(sid)
-        assert state == 0 and ip == "198.51.100.2", "the pod IP is the bond's IP"
+        assert state == 0 and ip == "198.51.100.2", "the pod IP is the first bond's IP"
         pod = sandbox_netns(info)
-        assert pod_links(pod.name) == {"lo", "eth0"}
-        assert pod_view(pod.name, "eth0")["inet"] == ["198.51.100.2/28"]
-        assert node_inet(n, "bond0") == [] and node_inet(n, "bond1") == ["198.51.100.18/28"]
-        assert n.ping(pod, peer_ip("bond0"), "eth0") and n.ping(pod, far_ip("bond0"))
-        assert set(n.pins()) == {"bond0"}
+        assert pod_links(pod.name) == {"lo", *pod_ifs.values()}
+        for bond, ifname in pod_ifs.items():
+            assert pod_view(pod.name, ifname)["inet"] == [BONDS[bond][0]]
+            assert node_inet(n, bond) == []
+            for dst in (peer_ip(bond), far_ip(bond)):
+                assert n.ping(pod, dst, ifname), f"no reply from {dst} through {ifname}"
+        if count == 1:
+            assert node_inet(n, "bond1") == ["198.51.100.18/28"], "the second bond was not touched"
+        assert set(n.pins()) == set(pod_ifs)
 
         cri.stop_pod_sandbox(sid)  # DEL with the netns and prevResult
         assert_clean(n, before)
@@ -285,6 +298,7 @@ def test_containerd_runs_a_pod_on_rdma_macvlan_and_gives_the_bond_back(cri_node:
         assert_clean(n, before)
     calls = [(cmd, bool(netns), prev) for cmd, netns, prev in n.calls()]
     assert calls == [("ADD", True, False), ("DEL", True, True), ("DEL", False, False)], n.calls()
+    assert not os.path.exists(n.calls()[0][1]), "containerd removed the sandbox netns"
 
 
 def test_containerd_refuses_a_pod_without_eth0_and_the_node_gets_everything_back(
