@@ -206,9 +206,9 @@ def containerd(n: ClientNode, conf_dir: Path) -> Iterator[Any]:
     """
     from tests.test_containerd_cri import Containerd, Cri
 
-    class OurContainerd(Containerd):  # type: ignore[misc]  # same harness, this helper's root dir
+    class OurContainerd(Containerd):  # same harness, this helper's root dir
         def __init__(self, node: ClientNode) -> None:
-            super().__init__(node)
+            super().__init__(node)  # type: ignore[arg-type]  # uses only .tag, .name and .bin_dir
             self.root = Path(f"/tmp/{PREFIX}ctd-{node.tag}")  # short: socket paths are <= 108 bytes
 
     ctd = OurContainerd(n)

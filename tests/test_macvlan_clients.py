@@ -319,7 +319,7 @@ def test_containerd_refuses_a_pod_without_eth0_and_the_node_gets_everything_back
 
 
 def grpc_error() -> type[BaseException]:
-    import grpc
+    import grpc  # type: ignore[import-untyped]
 
     return grpc.RpcError  # type: ignore[no-any-return]
 
