@@ -314,8 +314,39 @@ def test_containerd_refuses_a_pod_without_eth0_and_the_node_gets_everything_back
             cri.run_pod_sandbox("h8-app", "default", str(uuid.uuid4()), {})
         assert "failed to find network info" in str(failed.value)
         assert_clean(n, before)
-    cmds = [cmd for cmd, _, _ in n.calls()]
-    assert cmds[0] == "ADD" and "DEL" in cmds, n.calls()
+    calls = [(cmd, bool(netns), prev) for cmd, netns, prev in n.calls()]
+    assert calls == [("ADD", True, False), ("DEL", True, True)], n.calls()
+    assert not os.path.exists(n.calls()[0][1]), "containerd removed the sandbox netns"
+
+
+def test_containerd_pods_share_out_the_bonds_and_a_third_gets_error_11(cri_node: ClientNode) -> None:
+    """Each sandbox gets its own bond; with none left, containerd reports our error 11 (naming who
+    holds what) and the two running pods keep theirs; stopping them gives everything back."""
+    n = cri_node
+    cable(n, "bond0", "bond1")
+    before = n.snapshot()
+    with containerd(n, cri_conf(n, podIfName="cni")) as cri:
+        first = cri.run_pod_sandbox("h8-a", "default", str(uuid.uuid4()), {})
+        second = cri.run_pod_sandbox("h8-b", "default", str(uuid.uuid4()), {})
+        ips = {cri.sandbox_status(sid)[1]: sid for sid in (first, second)}
+        assert set(ips) == {"198.51.100.2", "198.51.100.18"}
+        assert n.pins() == {"bond0": ips["198.51.100.2"], "bond1": ips["198.51.100.18"]}
+        with pytest.raises(grpc_error()) as refused:
+            cri.run_pod_sandbox("h8-c", "default", str(uuid.uuid4()), {})
+        why = str(refused.value)
+        assert 'plugin type="rdma-macvlan" failed (add): no free bond' in why
+        assert f"bond0 by container {ips['198.51.100.2']}" in why
+        assert f"bond1 by container {ips['198.51.100.18']}" in why
+        # containerd DELs the refused sandbox at once: that DEL must not give back the others' bonds
+        assert [cmd for cmd, _, _ in n.calls()] == ["ADD", "ADD", "ADD", "DEL"]
+        assert n.pins() == {"bond0": ips["198.51.100.2"], "bond1": ips["198.51.100.18"]}
+        assert node_inet(n, "bond0") == node_inet(n, "bond1") == []
+        for sid in (first, second):
+            pod = sandbox_netns(cri.sandbox_status(sid)[2])
+            assert n.ping(pod, "198.51.100.1" if ips["198.51.100.2"] == sid else "198.51.100.17", "eth0")
+            cri.stop_pod_sandbox(sid)
+            cri.remove_pod_sandbox(sid)
+        assert_clean(n, before)
 
 
 def grpc_error() -> type[BaseException]:
