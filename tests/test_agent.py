@@ -292,8 +292,19 @@ def forward_in_thread(sock: str, env: dict[str, str], stdin: bytes) -> tuple[thr
 
 
 def children_of(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    """Processes whose parent is ``pid``, read from /proc (no dependency on procps)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
 
 
 def is_zombie(pid: int) -> bool:

@@ -334,8 +334,23 @@ def start_client(
 
 def worker_pids(agent: Agent) -> list[int]:
     """Children of the agent process (the agent runs under ip netns exec, which execs it)."""
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(agent.proc.pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    return children_of(agent.proc.pid)
+
+
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``, read from /proc (no dependency on procps)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
 
 
 def wait_for(cond: Any, timeout: float = 30.0) -> bool:
