@@ -32,6 +32,8 @@ WARM_MODULES = (
     "pyroute2.iproute.linux",
     "pydantic",
 )
+# Mechanism and policy packages a plugin may import lazily on some path (RDMA, IPAM, multus kube).
+WARM_PACKAGES = ("rdma_cni.cni", "rdma_cni.net", "rdma_cni.rdma", "rdma_cni.plugins", "rdma_cni.kube")
 
 
 @dataclass
@@ -62,12 +64,22 @@ class Agent:
         self.registry = Registry(self.config.targets)
 
     def warm_up(self) -> list[str]:
+        """Import everything a call could need, so no worker pays for an import (or imports code
+        from the caller's mount namespace)."""
         import importlib
+        import pkgutil
 
-        for name in WARM_MODULES:
+        names = list(WARM_MODULES)
+        for package in WARM_PACKAGES:
+            try:
+                path = importlib.import_module(package).__path__
+            except ImportError:
+                continue
+            names += [info.name for info in pkgutil.iter_modules(path, package + ".")]
+        for name in names:
             try:
                 importlib.import_module(name)
-            except ImportError as exc:
+            except Exception as exc:  # noqa: BLE001 - an optional module that cannot load is no reason to stop
                 log.info("warm-up: %s not importable (%s)", name, exc)
         served = self.registry.preload()
         namespaces.warm()
