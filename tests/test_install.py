@@ -486,3 +486,39 @@ def test_the_daemonset_install_commands_lay_down_a_node_installation(bundle: Pat
     assert (host / "etc/cni/net.d/rdma-multus.d/rdma-multus.kubeconfig").is_file()
     for name in NAMES:
         assert os.readlink(host / "opt/cni/bin" / name) == f"rdma-cni.d/current/{name}"
+
+
+def test_doctor_of_the_installed_bundle_reads_the_installation(bundle: Path, tmp_path: Path) -> None:
+    """The frozen cni-tool's doctor on what install.sh laid down: binaries with their build, the
+    configs, and the one thing install.sh cannot provide (the cluster network's own config)."""
+    bin_dir = _installed(bundle, tmp_path / "root")
+    conf_dir = tmp_path / "root/etc/cni/net.d"
+    (tmp_path / "sys").mkdir()
+    args = [
+        "doctor",
+        "--json",
+        "--cni-bin-dir",
+        str(bin_dir),
+        "--conf-dir",
+        str(conf_dir),
+        "--sysfs-root",
+        str(tmp_path / "sys"),
+        "--kubelet-root-dir",
+        str(tmp_path / "kubelet"),
+        "--data-dir",
+        str(tmp_path / "state"),
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
+    proc = _run([str(bin_dir / "cni-tool"), *args], env=bare_env(tmp_path))
+    assert proc.returncode == 1, proc.stderr  # no RDMA here, and no tke-route-eni config
+    found = {f["check"]: f for f in json.loads(proc.stdout)["findings"]}
+    build_id = (bundle / "BUILD_ID").read_text().strip()
+    for name in ("rdma-macvlan", "rdma-multus"):
+        assert found[f"binary {name}"]["status"] == "OK"
+        assert f"(build {build_id})" in found[f"binary {name}"]["detail"]
+    assert found["runtime-config"]["status"] == "OK"
+    assert found["config tke-rdma-macvlan"]["status"] == "OK"
+    assert found["default-network tke-route-eni"]["status"] == "FAIL"
+    assert "tke-route-eni" in found["default-network tke-route-eni"]["fix"]
+    assert found["rdma-devices"]["status"] == "FAIL"
