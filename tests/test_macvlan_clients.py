@@ -32,6 +32,8 @@ from clients import (
 )
 from netns import can_run, sh
 
+from rdma_cni.cli.tool import container_id_for
+
 pytestmark = pytest.mark.netns
 
 NET = "h8-rdma"
@@ -403,4 +405,50 @@ def test_check_fails_when_the_host_took_the_ip_back_and_del_still_restores(
         assert "CNI error code 107" in check.stderr
     tool.ok("del", NET, pod)
     assert pod_links(pod.name) == {"lo"}
+    assert_clean(node, before)
+
+
+# --- the pod netns is gone before DEL (kubelet/runtime crashed, node rebooted the pod away) ---------------
+
+
+@pytest.mark.parametrize("client", ["cnitool", "cni-tool"])
+def test_del_after_the_pod_netns_is_gone(client: str, cnitool: str, node: ClientNode) -> None:
+    cable(node, "bond0", "bond1")
+    node.conflist(NET, [node.macvlan(masters=["bond0", "bond1"], count=2)])
+    before = node.snapshot()
+    pod = node.pod()
+    tool = tools(node, cnitool)[client]
+    tool.ok("add", NET, pod)
+    node.delete_pod(pod)  # the macvlans die with it; the addresses are only in our state now
+    assert not os.path.exists(pod.path)
+
+    tool.ok("del", NET, pod)
+    assert_clean(node, before)
+    tool.ok("del", NET, pod)
+    assert_clean(node, before)
+
+
+def test_cni_tool_gc_gives_back_the_bonds_of_a_vanished_pod(cnitool: str, node: ClientNode) -> None:
+    """cni-tool gc DELs cached attachments whose netns is gone, then sends the plugin GC (CNI 1.1)
+    with the live ones: the vanished pod's bond comes back, the live pod keeps its own."""
+    cable(node, "bond0", "bond1")
+    node.conflist(NET, [node.macvlan(masters=["bond0", "bond1"])], version="1.1.0")
+    before = node.snapshot()
+    t = tools(node, cnitool)["cni-tool"]
+    gone, live = node.pod(), node.pod()
+    t.ok("add", NET, gone)
+    t.ok("add", NET, live)
+    live_id = container_id_for(live.path)
+    [bond] = [b for b, holder in node.pins().items() if holder == live_id]
+    other = "bond1" if bond == "bond0" else "bond0"
+    assert node_inet(node, other) == [] and node.pins()[other] == container_id_for(gone.path)
+    node.delete_pod(gone)
+
+    out = t.ok("gc", NET, live)
+    assert f"deleted stale attachment {container_id_for(gone.path)}" in out
+    assert node.pins() == {bond: live_id}
+    assert node_inet(node, other) == [BONDS[other][0]], "the vanished pod's bond has its address back"
+    assert pod_view(live.name, bond)["inet"] == [BONDS[bond][0]] and node.ping(live, peer_ip(bond), bond)
+    t.ok("check", NET, live)
+    t.ok("del", NET, live)
     assert_clean(node, before)
