@@ -109,6 +109,7 @@ class Demo:
         self.pod_bonds = pod_bonds
         self.bundle = bundle
         self.namespaces: list[str] = []
+        self.pods_prefix = f"{self.tag}-pod"  # pod netns names the simulated RDMA node follows
         self.bin_dir = self.tmp / "bin"
         self.conf_dir = self.tmp / "net.d"
 
@@ -161,7 +162,7 @@ class Demo:
             self.sysfs,
             ",".join(f"{b}:mlx5_bond_{i}" for i, b in enumerate(self.bonds)),
             f"/run/netns/{self.node}",
-            f"{self.tag}-pod",
+            self.pods_prefix,
         ]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         proc = subprocess.Popen(
@@ -207,7 +208,7 @@ class Demo:
                 "the reference plugins (ptp, host-local) are missing: run scripts/setup "
                 "(Debian package containernetworking-plugins)"
             )
-        for name in ("ptp", "host-local"):
+        for name in ("ptp", "host-local", "loopback"):  # loopback: what containerd runs for lo
             (self.bin_dir / name).symlink_to(os.path.join(ref, name))
 
     def write_configs(self) -> None:
