@@ -1,5 +1,5 @@
 """The shipped CNI configs under a real client: upstream cnitool (built from Debian's source by
-scripts/build-cnitool) loads conf/vpc-cni's rdma-multus conflist and tke-rdma-macvlan delegate config
+scripts/build-cnitool) loads conf/<mode>'s rdma-multus conflist and tke-rdma-macvlan delegate config
 (paths pointed at a test node, nothing else changed) and runs the pod ADD/CHECK/DEL through them,
 with the pod annotation handed over as containerd does (the pod-annotations capability)."""
 
@@ -35,10 +35,11 @@ def cnitool() -> str:
     return proc.stdout.strip()
 
 
-@pytest.fixture
-def demo_node() -> Iterator[Demo]:
-    """The demo's simulated node (2 bonds, RDMA sim, installed Python entry points, shipped configs)."""
-    d = Demo(bonds=2, pod_bonds=2, bundle="")
+@pytest.fixture(params=["vpc-cni", "global-router"])
+def demo_node(request: pytest.FixtureRequest) -> Iterator[Demo]:
+    """The demo's simulated node (2 bonds, RDMA sim, installed Python entry points, shipped configs
+    of one cluster mode; its default network played by ptp or bridge)."""
+    d = Demo(bonds=2, pod_bonds=2, bundle="", mode=request.param)
     try:
         d.build_node()
         d.wait_for("carrier", d.bonds_settled)
@@ -79,9 +80,10 @@ def upstream(d: Demo, tool: str, verb: str, env: dict[str, str]) -> subprocess.C
 def test_upstream_cnitool_runs_a_pod_through_the_shipped_configs(cnitool: str, demo_node: Demo) -> None:
     d = demo_node
     os.makedirs("/var/lib/cni", exist_ok=True)  # the bind-mount target
-    shipped = json.loads((REPO / "conf/vpc-cni/00-rdma-multus.conflist").read_text())
+    shipped = json.loads((REPO / "conf" / d.mode / "00-rdma-multus.conflist").read_text())
     installed = json.loads((d.conf_dir / "00-rdma-multus.conflist").read_text())
     assert installed["plugins"][0]["capabilities"] == shipped["plugins"][0]["capabilities"]
+    assert installed["plugins"][0]["defaultDelegates"] == d.default_network
     pod_uid = str(uuid.uuid4())
     d.write_device_checkpoint(pod_uid)
     d.netns(d.pod)

@@ -9,8 +9,9 @@ What it builds, on any Linux machine with netns/veth/macvlan (no RDMA hardware n
 * an RDMA sysfs tree (``mlx5_bond_0..3`` over ``bond0..3``, RoCE v1+v2 GID tables like mlx5) kept in
   sync with the live addresses by H3's simulated node (:mod:`rdma_cni.sim.node`), so the GID indices
   are those the kernel would give;
-* the CNI configs of conf/vpc-cni, pointed at the demo's directories, plus ``tke-route-eni`` played by
-  the reference ``ptp`` plugin, and a kubelet device checkpoint giving the pod two RDMA devices.
+* the CNI configs of conf/vpc-cni (``--mode global-router``: conf/global-router), pointed at the demo's
+  directories, plus the cluster network played by a reference plugin (``tke-route-eni``: ``ptp``;
+  ``tke-bridge``: ``bridge``), and a kubelet device checkpoint giving the pod two RDMA devices.
 
 Then, like containerd for a pod annotated ``tke.cloud.tencent.com/networks: tke-route-eni,
 tke-rdma-macvlan``: ``cni-tool add rdma-multus`` (ADD through rdma-multus → ptp + rdma-macvlan),
@@ -46,6 +47,9 @@ ANNOTATION = "tke.cloud.tencent.com/networks"
 RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 REFERENCE_PLUGINS = ("/usr/lib/cni", "/opt/cni/bin")
 POD = {"namespace": "default", "name": "rdma-demo-0"}
+# The seed's two cluster network modes: the default network each names, and the reference plugin that
+# plays it here (VPC-CNI routes each pod over its own link; GlobalRouter bridges pods on the node).
+MODES = {"vpc-cni": ("tke-route-eni", "ptp"), "global-router": ("tke-bridge", "bridge")}
 
 
 class DemoFailed(Exception):
@@ -100,7 +104,7 @@ def sweep_leftovers() -> None:
 
 
 class Demo:
-    def __init__(self, bonds: int, pod_bonds: int, bundle: str) -> None:
+    def __init__(self, bonds: int, pod_bonds: int, bundle: str, mode: str = "vpc-cni") -> None:
         self.tag = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:4]}"
         self.node, self.switch, self.pod = f"{self.tag}-node", f"{self.tag}-sw", f"{self.tag}-pod0"
         self.tmp = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
@@ -109,6 +113,10 @@ class Demo:
         self.pod_bonds = pod_bonds
         self.bundle = bundle
         self.namespaces: list[str] = []
+        self.mode = mode
+        self.default_network, self.default_plugin = MODES[mode]
+        # GlobalRouter's node bridge: it stays after the pod is gone, as tke-bridge's does.
+        self.cluster_bridge = f"cni-{self.tag[-9:]}" if self.default_plugin == "bridge" else ""
         self.pods_prefix = f"{self.tag}-pod"  # pod netns names the simulated RDMA node follows
         self.bin_dir = self.tmp / "bin"
         self.conf_dir = self.tmp / "net.d"
@@ -208,11 +216,11 @@ class Demo:
                 "the reference plugins (ptp, host-local) are missing: run scripts/setup "
                 "(Debian package containernetworking-plugins)"
             )
-        for name in ("ptp", "host-local", "loopback"):  # loopback: what containerd runs for lo
+        for name in ("ptp", "bridge", "host-local", "loopback"):  # loopback: what containerd runs for lo
             (self.bin_dir / name).symlink_to(os.path.join(ref, name))
 
     def write_configs(self) -> None:
-        src = REPO / "conf" / "vpc-cni"
+        src = REPO / "conf" / self.mode
         delegates = self.conf_dir / "rdma-multus.d"
         delegates.mkdir(parents=True)
         meta = json.loads((src / "00-rdma-multus.conflist").read_text())
@@ -233,22 +241,20 @@ class Demo:
             logFile=str(self.tmp / "log" / "rdma-cni.log"),
         )
         (delegates / "tke-rdma-macvlan.conf").write_text(json.dumps(macvlan, indent=2))
-        # The cluster network (tke-route-eni on TKE) played by the reference ptp plugin.
-        eni = {
-            "cniVersion": "1.0.0",
-            "name": "tke-route-eni",
-            "plugins": [
-                {
-                    "type": "ptp",
-                    "ipam": {
-                        "type": "host-local",
-                        "subnet": "203.0.113.0/24",
-                        "dataDir": str(self.tmp / "ipam"),
-                    },
-                }
-            ],
+        # The cluster network (tke-route-eni / tke-bridge on TKE) played by a reference plugin.
+        plugin: dict[str, Any] = {
+            "type": self.default_plugin,
+            "ipam": {"type": "host-local", "subnet": "203.0.113.0/24", "dataDir": str(self.tmp / "ipam")},
         }
-        (delegates / "tke-route-eni.conflist").write_text(json.dumps(eni, indent=2))
+        if self.default_plugin == "bridge":
+            plugin.update(bridge=self.cluster_bridge, isGateway=True)
+        cluster = {"cniVersion": "1.0.0", "name": self.default_network, "plugins": [plugin]}
+        (delegates / f"{self.default_network}.conflist").write_text(json.dumps(cluster, indent=2))
+
+    @property
+    def networks(self) -> str:
+        """The pod annotation's value in this cluster mode (the seed's two forms)."""
+        return f"{self.default_network},tke-rdma-macvlan"
 
     def write_device_checkpoint(self, pod_uid: str) -> list[str]:
         """What the kubelet records after the device plugin gave the pod its RDMA NICs."""
@@ -276,9 +282,7 @@ class Demo:
             "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={POD['namespace']};K8S_POD_NAME={POD['name']};"
             f"K8S_POD_UID={pod_uid};K8S_POD_INFRA_CONTAINER_ID=demo",
             # containerd hands the pod's annotations to a plugin that declares this capability.
-            "CAP_ARGS": json.dumps(
-                {"io.kubernetes.cri.pod-annotations": {ANNOTATION: "tke-route-eni,tke-rdma-macvlan"}}
-            ),
+            "CAP_ARGS": json.dumps({"io.kubernetes.cri.pod-annotations": {ANNOTATION: self.networks}}),
         }
         if not self.bundle:
             env["PYTHONPATH"] = str(REPO)
@@ -326,8 +330,15 @@ class Demo:
         ]
 
     def host_snapshot(self) -> dict[str, Any]:
-        def j(*args: str) -> Any:
-            return json.loads(run("ip", "-n", self.node, "-j", *args).stdout or "[]")
+        """The node's addresses, routes and rules (the cluster network's own bridge left out)."""
+
+        def j(*args: str) -> list[dict[str, Any]]:
+            rows = json.loads(run("ip", "-n", self.node, "-j", *args).stdout or "[]")
+            return [
+                r
+                for r in rows
+                if not self.cluster_bridge or self.cluster_bridge not in (r.get("ifname"), r.get("dev"))
+            ]
 
         addrs = [
             {
@@ -446,8 +457,7 @@ def step_node(d: Demo) -> int:
 
 
 def step_add(d: Demo) -> dict[str, str]:
-    networks = "tke-route-eni,tke-rdma-macvlan"
-    banner(f"2. Pod {POD['namespace']}/{POD['name']}: {ANNOTATION}: {networks}; {RESOURCE}: {d.pod_bonds}")
+    banner(f"2. Pod {POD['namespace']}/{POD['name']}: {ANNOTATION}: {d.networks}; {RESOURCE}: {d.pod_bonds}")
     pod_uid = str(uuid.uuid4())
     devices = d.write_device_checkpoint(pod_uid)
     say(f"kubelet device checkpoint: the device plugin gave the pod {', '.join(devices)}")
@@ -534,6 +544,7 @@ def scenario(d: Demo) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bonds", type=int, default=4, help="bond NICs on the node (default 4)")
+    parser.add_argument("--mode", choices=sorted(MODES), default="vpc-cni", help="the cluster network mode")
     parser.add_argument("--pod-bonds", type=int, default=2, help="RDMA NICs the pod asks for (default 2)")
     parser.add_argument(
         "--bundle",
@@ -549,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("demo: need 1 <= --pod-bonds <= --bonds <= 8\n")
         return 2
     sweep_leftovers()
-    demo = Demo(args.bonds, args.pod_bonds, os.path.abspath(args.bundle) if args.bundle else "")
+    demo = Demo(args.bonds, args.pod_bonds, os.path.abspath(args.bundle) if args.bundle else "", args.mode)
     signal.signal(signal.SIGTERM, _interrupted)
     started = time.monotonic()
     try:
