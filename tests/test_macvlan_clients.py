@@ -191,11 +191,6 @@ def test_tuning_chained_after_rdma_macvlan(client: str, cnitool: str, node: Clie
     assert not os.path.exists(backups) or os.listdir(backups) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rdma-macvlan CHECK compares the pod interface's live MAC and MTU with the values recorded at "
-    "ADD (_check_bond), so a chained plugin that legitimately changes them (tuning 'mac'/'mtu') makes "
-    "CHECK fail with code 107 although prevResult carries the new MAC; upstream macvlan checks the MAC "
-    "against prevResult only and does not check the MTU"))  # fmt: skip
 @pytest.mark.parametrize("change", ["mac", "mtu"])
 def test_check_accepts_a_mac_or_mtu_set_by_a_later_plugin(change: str, cnitool: str,
                                                            node: ClientNode) -> None:  # fmt: skip

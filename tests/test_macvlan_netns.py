@@ -207,11 +207,13 @@ def test_unknown_config_keys_are_ignored(node_ns: Node) -> None:
 
 
 # ------------------------------------------------------------------ DEL oddities
-def _added(n: Node, secondary: bool = True) -> tuple[Pod, dict[str, object], dict[str, object]]:
+def _added(
+    n: Node, secondary: bool = True, version: str = "1.0.0"
+) -> tuple[Pod, dict[str, object], dict[str, object]]:
     add_bonds(n, 1, secondary=secondary)
     before = n.snapshot()
     pod = n.pod()
-    res = n.plugin("ADD", n.config(masters=["bond0"]), pod)
+    res = n.plugin("ADD", n.config(masters=["bond0"], cniVersion=version), pod)
     assert res.code == 0, res.stdout + res.stderr
     return pod, before, res.out
 
@@ -287,7 +289,7 @@ def test_del_does_not_touch_a_reused_netns_path(node_ns: Node) -> None:
 
 # ------------------------------------------------------------------ CHECK, STATUS, GC
 def _check(n: Node, pod: Pod, result: dict[str, object]) -> tuple[int, dict[str, object]]:
-    conf = n.config(masters=["bond0"])
+    conf = n.config(masters=["bond0"], cniVersion=result["cniVersion"])
     conf["prevResult"] = result
     res = n.plugin("CHECK", conf, pod)
     return res.code, res.out
@@ -298,8 +300,10 @@ def _check(n: Node, pod: Pod, result: dict[str, object]) -> tuple[int, dict[str,
     ["none", "pod_address_gone", "mtu_changed", "ip_back_on_bond", "interface_deleted", "route_gone"],
 )
 def test_check_detects_drift(node_ns: Node, drift: str) -> None:
+    # 1.1.0: the chain's result carries the interface MTU, which is what CHECK compares in a chain
+    # (a later plugin such as tuning may change MAC/MTU legitimately).
     n = node_ns
-    pod, _, result = _added(n, secondary=False)
+    pod, _, result = _added(n, secondary=False, version="1.1.0")
     if drift == "pod_address_gone":
         n.pod_exec(pod, "ip", "addr", "del", "198.51.100.2/28", "dev", "bond0")
     elif drift == "mtu_changed":
@@ -315,6 +319,14 @@ def test_check_detects_drift(node_ns: Node, drift: str) -> None:
         assert code == 0, out
     else:
         assert code == 1 and out["code"] == 107, out
+
+
+def test_check_without_prev_result_compares_mtu_with_the_record(node_ns: Node) -> None:
+    n = node_ns
+    pod, _, _ = _added(n, secondary=False)
+    n.pod_exec(pod, "ip", "link", "set", "bond0", "mtu", "1400")
+    res = n.plugin("CHECK", n.config(masters=["bond0"]), pod)
+    assert res.code == 1 and res.out["code"] == 107 and "MTU is 1400" in res.out["msg"], res.out
 
 
 def test_check_without_add_fails(node_ns: Node) -> None:

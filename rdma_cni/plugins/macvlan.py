@@ -278,7 +278,7 @@ class MacvlanPlugin:
             pod = netlink_in(ns)
             try:
                 for b in rec.bonds:
-                    _check_bond(host, pod, b)
+                    _check_bond(host, pod, b, chained=req.prev_result is not None)
                 _check_prev_result(req, pod)
             finally:
                 pod.close()
@@ -367,13 +367,19 @@ def _route_of(r: dict[str, Any]) -> Route:
                  table=None if table == routes.RT_TABLE_MAIN else table)
 
 
-def _check_bond(host: Any, pod: Any, b: BondRecord) -> None:
+def _check_bond(host: Any, pod: Any, b: BondRecord, chained: bool) -> None:
+    """Compare one pod interface with what ADD recorded.
+
+    In a chain, a later plugin (tuning) may legitimately change MAC or MTU; the chain's final result
+    (prevResult) is then the authority for the MAC and the MTU (checked in ``_check_prev_result``),
+    so the recorded values are compared only when CHECK comes without a prevResult.
+    """
     link = links.get_link(pod, b.pod_ifname)
     if link is None or link.kind != "macvlan":
         raise CniError(CHECK_FAILED, f"pod interface {b.pod_ifname} is missing")
-    if b.mac and link.mac != b.mac:
+    if not chained and b.mac and link.mac != b.mac:
         raise CniError(CHECK_FAILED, f"{b.pod_ifname} MAC is {link.mac}, recorded {b.mac}")
-    if link.mtu != b.mtu:
+    if not chained and link.mtu != b.mtu:
         raise CniError(CHECK_FAILED, f"{b.pod_ifname} MTU is {link.mtu}, recorded {b.mtu}")
     if not link.up:
         raise CniError(CHECK_FAILED, f"{b.pod_ifname} is down")
@@ -404,7 +410,13 @@ def _check_prev_result(req: Request, pod: Any) -> None:
         if link is None:
             raise CniError(CHECK_FAILED, f"prevResult interface {iface.name} is missing")
         if iface.mac and iface.mac.lower() != link.mac.lower():
-            raise CniError(CHECK_FAILED, f"prevResult interface {iface.name} MAC differs")
+            raise CniError(
+                CHECK_FAILED, f"{iface.name} MAC is {link.mac}, the chain's result says {iface.mac}"
+            )
+        if iface.mtu and iface.mtu != link.mtu:
+            raise CniError(
+                CHECK_FAILED, f"{iface.name} MTU is {link.mtu}, the chain's result says {iface.mtu}"
+            )
         live = set(addresses.live_cidrs(pod, link.index))
         for ip in prev.ips:
             if ip.interface == i and str(ipaddress.ip_interface(ip.address)) not in live:
