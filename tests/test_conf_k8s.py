@@ -7,7 +7,10 @@ schema from an API server, which a test here cannot have.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ API_GROUPS = {
     "ClusterRole": "rbac.authorization.k8s.io/v1",
     "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
 }
+Mutation = Callable[[dict[str, Any]], object]
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
@@ -81,13 +85,14 @@ def test_every_manifest_passes_the_schema_check() -> None:
 def test_schema_check_catches_typos_types_and_missing_fields() -> None:
     ds = next(d for d in documents(K8S / "rdma-cni.yaml") if d["kind"] == "DaemonSet")
     container = ["spec", "template", "spec", "containers", 0]
-    for mutate in (
+    mutations: list[Mutation] = [
         lambda d: _at(d, container).update(imagee="x"),  # unknown field
         lambda d: _at(d, container).pop("name"),  # required field
         lambda d: _at(d, ["spec", "template", "spec"]).update(hostNetwork="yes"),  # wrong type
         lambda d: _at(d, [*container, "resources", "limits"]).update(cpu="fifty"),  # bad quantity
         lambda d: d.update(apiVersion="extensions/v1beta1"),
-    ):
+    ]
+    for mutate in mutations:
         bad = copy.deepcopy(ds)
         mutate(bad)
         assert schema_problems(bad), bad
@@ -112,6 +117,8 @@ def test_daemonset_carries_the_seed_component_parameters() -> None:
             "requests": {"cpu": "10m", "memory": "100Mi"},
             "limits": {"cpu": "50m", "memory": "500Mi"},
         }, c["name"]
+    # The containers that run install.sh carry the installer's parameters.
+    for c in [_container(ds, "refresh"), *pod["initContainers"]]:
         env = {e["name"]: e["value"] for e in c.get("env", [])}
         assert env["KUBELET_ROOT_DIR"] == "/var/lib/kubelet"
         assert env["CLUSTER_MODE"] in MODES
@@ -158,3 +165,119 @@ def test_example_workloads_ask_for_the_rdma_plane_as_the_seed_does() -> None:
             gpus = c["resources"]["limits"].get("nvidia.com/gpu")
             assert gpus is None or gpus == c["resources"]["limits"][RDMA_RESOURCE], name
         assert spec["nodeSelector"] == {RDMA_LABEL: "true"}, name
+
+
+# ---- rdma-agent, the warm node daemon --------------------------------------------------------------
+
+
+def _container(ds: dict[str, Any], name: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [
+        c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    ]
+    assert len(found) == 1, f"expected one container named {name}"
+    return found[0]
+
+
+def _host_mounts(ds: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mountPath -> {hostPath, readOnly, mountPropagation} of a container's hostPath mounts."""
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    out = {}
+    for m in container["volumeMounts"]:
+        assert "subPath" not in m, m
+        out[m["mountPath"]] = {
+            "hostPath": volumes[m["name"]]["hostPath"]["path"],
+            "readOnly": bool(m.get("readOnly", False)),
+            "mountPropagation": m.get("mountPropagation"),
+        }
+    return out
+
+
+def _under(path: str, mounts: dict[str, dict[str, Any]], writable: bool = False) -> str | None:
+    """The mount that shows ``path`` inside the container (writable if asked), or None."""
+    for mount, m in sorted(mounts.items(), key=lambda item: -len(item[0])):
+        if path == mount or path.startswith(mount.rstrip("/") + "/"):
+            return mount if not (writable and m["readOnly"]) else None
+    return None
+
+
+def test_agent_runs_the_nodes_installed_bundle_with_real_flags() -> None:
+    from rdma_cni.agent import client
+    from rdma_cni.cli.agent import parse_args
+
+    ds = _daemonset()
+    agent = _container(ds, "rdma-agent")
+    mounts = _host_mounts(ds, agent)
+    # The node's own install (a worker refuses a call whose mount namespace shows other code at the
+    # agent's paths), run as the multicall bundle's rdma-agent command.
+    assert agent["command"] == ["/opt/cni/bin/rdma-cni.d/current/rdma-cni", "rdma-agent"]
+    assert _under(agent["command"][0], mounts) == "/opt/cni/bin"
+    args = parse_args(agent["args"])  # argparse exits on a flag rdma-agent does not have
+    # The socket every plugin's client connects to by default (Python and C clients alike).
+    c_default = re.search(r'#define DEFAULT_SOCKET "([^"]+)"', (REPO / "rdma_cni/agent/client.c").read_text())
+    assert c_default is not None
+    assert args.socket == client.DEFAULT_SOCKET == c_default.group(1)
+    assert _under(os.path.dirname(args.socket), mounts, writable=True) == "/run/rdma-cni"
+    assert args.conf_dir == "/etc/cni/net.d" and _under(args.conf_dir, mounts) == args.conf_dir
+    assert args.cni_path == "/opt/cni/bin" and _under(args.cni_path, mounts) == args.cni_path
+    assert args.reconcile_interval == 60
+    assert not args.probe
+    # Readiness: the protocol end to end through the same socket.
+    probe = agent["readinessProbe"]["exec"]["command"]
+    assert probe[:2] == agent["command"]
+    probe_args = parse_args(probe[2:])
+    assert probe_args.probe and probe_args.socket == args.socket
+    assert agent["readinessProbe"]["timeoutSeconds"] > probe_args.probe_timeout
+
+
+def test_agent_mounts_are_the_node_paths_it_and_its_workers_use() -> None:
+    from rdma_cni.plugins.macvlan_config import parse_config
+
+    ds = _daemonset()
+    mounts = _host_mounts(ds, _container(ds, "rdma-agent"))
+    for path, m in mounts.items():
+        assert m["hostPath"] == path, f"{path} shows node path {m['hostPath']}: not the same path"
+    assert set(mounts) == {
+        "/opt/cni/bin",
+        "/etc/cni/net.d",
+        "/var/lib/cni",
+        "/run/rdma-cni",
+        "/var/run/netns",
+        "/sys",
+    }
+    # Reconcile runs rdma-macvlan's DEL in the container: the shipped delegate's state and run dirs
+    # must be writable there, its sysfs readable.
+    conf = json.loads((REPO / "conf/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf").read_text())
+    cfg = parse_config(conf)
+    assert _under(cfg.data_dir, mounts, writable=True) == "/var/lib/cni"
+    assert _under(cfg.run_dir, mounts, writable=True) == "/run/rdma-cni"
+    assert _under(cfg.sysfs_root, mounts) == "/sys"
+    # Pod netns created after the agent started must appear in it, or reconcile sees nothing.
+    assert mounts["/var/run/netns"]["mountPropagation"] == "HostToContainer"
+
+
+def test_agent_is_privileged_on_the_nodes_network_and_pids() -> None:
+    ds = _daemonset()
+    pod = ds["spec"]["template"]["spec"]
+    agent = _container(ds, "rdma-agent")
+    assert agent["securityContext"] == {"privileged": True}  # setns(2) needs CAP_SYS_ADMIN
+    assert pod["hostNetwork"] is True
+    assert pod["hostPID"] is True  # workers use the node's /proc after joining its mount namespace
+    assert {c["name"] for c in pod["containers"]} == {"rdma-agent", "refresh"}
+    # The agent runs what the init container installed: it must come after it, never instead.
+    assert [c["name"] for c in pod["initContainers"]] == ["install"]
+
+
+def test_schema_check_catches_a_bad_agent_container() -> None:
+    ds = _daemonset()
+    index = [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]].index("rdma-agent")
+    agent = ["spec", "template", "spec", "containers", index]
+    mutations: list[Mutation] = [
+        lambda d: _at(d, [*agent, "securityContext"]).update(privileged="very"),
+        lambda d: _at(d, [*agent, "volumeMounts", 0]).pop("mountPath"),
+        lambda d: _at(d, [*agent, "readinessProbe"]).update(exec={"cmd": ["x"]}),
+        lambda d: _at(d, ["spec", "template", "spec"]).update(hostPid=True),
+    ]
+    for mutate in mutations:
+        bad = copy.deepcopy(ds)
+        mutate(bad)
+        assert schema_problems(bad), bad

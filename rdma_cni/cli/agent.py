@@ -1,6 +1,7 @@
 """``rdma-agent``: the node daemon that answers CNI calls warm (see :mod:`rdma_cni.agent`).
 
 rdma-agent [--socket /run/rdma-cni/agent.sock] [--reconcile-interval 60] [--conf FILE ...]
+rdma-agent --probe [--socket ...]   exit 0 when an agent answers a CNI VERSION call on the socket
 """
 
 from __future__ import annotations
@@ -44,7 +45,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prefork", type=int, default=2, help="idle workers kept ready for the next call")
     ap.add_argument("--log-file", default="")
     ap.add_argument("--log-level", default="info")
+    ap.add_argument(
+        "--probe",
+        action="store_true",
+        help="do not serve: ask the agent on --socket for rdma-macvlan's VERSION and exit 0 if it "
+        "answered (a readiness probe that goes through the whole protocol, worker fork included)",
+    )
+    ap.add_argument("--probe-timeout", type=float, default=5.0, help="seconds the probe waits for READY")
     return ap.parse_args(argv)
+
+
+PROBE_PLUGIN = "rdma-macvlan"
+
+
+def probe(socket_path: str, timeout: float) -> tuple[bool, str]:
+    """A VERSION call through the socket, answered by a forked worker: a socket file alone would not
+    tell a wedged or code-mismatched agent from a serving one (both make every call fall back)."""
+    answer = client.forward(
+        PROBE_PLUGIN, {"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}', timeout, socket_path
+    )
+    if answer is None:
+        return False, f"no agent answered on {socket_path} (absent, refusing, or not READY in {timeout:g} s)"
+    if answer.code != 0 or "supportedVersions" not in answer.stdout:
+        detail = answer.stdout.strip()
+        return False, f"agent on {socket_path} answered VERSION with exit {answer.code}: {detail}"
+    return True, f"agent on {socket_path} serves {PROBE_PLUGIN}"
 
 
 def _configure_logging(log_file: str, level: str) -> None:
@@ -61,6 +86,10 @@ def _configure_logging(log_file: str, level: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.probe:
+        ok, why = probe(args.socket, args.probe_timeout)
+        print(f"rdma-agent probe: {why}", file=sys.stderr)
+        sys.exit(0 if ok else 1)
     _configure_logging(args.log_file, args.log_level)
     log = logging.getLogger("rdma-agent")
     targets = None
