@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +22,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = ("rdma-macvlan", "rdma-multus", "cni-tool")
+PLUGINS = ("rdma-macvlan", "rdma-multus")
 PREFIX = "h6-"
 
 
-def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, **kw)  # type: ignore[call-overload]
+def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    proc: subprocess.CompletedProcess[str] = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, check=False, **kw
+    )
+    return proc
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +55,9 @@ def no_python_path(base: Path) -> str:
 
 
 def bare_env(base: Path, **extra: str) -> dict[str, str]:
-    return {"PATH": no_python_path(base), **extra}
+    """No Python, and no rdma-agent either: the thin client must find no socket, so the bundle itself
+    answers (an agent on this machine's default socket would otherwise serve the call)."""
+    return {"PATH": no_python_path(base), "RDMA_CNI_AGENT_SOCKET": str(base / "no-agent.sock"), **extra}
 
 
 def install(bundle: Path, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -76,8 +83,15 @@ def test_bundle_is_onedir_with_the_three_names(bundle: Path) -> None:
     exe = bundle / "rdma-cni"
     assert exe.is_file() and os.access(exe, os.X_OK)
     assert (bundle / "_internal").is_dir(), "not onedir"
-    for name in NAMES:
-        assert os.readlink(bundle / name) == "rdma-cni"
+    # The plugins start with rdma-agent's C thin client (scripts/build's default), which execs
+    # rdma-cni beside it when no agent answers; the other commands are the bundle itself.
+    assert os.readlink(bundle / "cni-tool") == os.readlink(bundle / "rdma-agent") == "rdma-cni"
+    for name in PLUGINS:
+        assert os.readlink(bundle / name) == "rdma-cni-client"
+    client = bundle / "rdma-cni-client"
+    assert client.is_file() and os.access(client, os.X_OK)
+    # Static: it runs on a node whatever its C library, and resolves nothing at exec.
+    assert "INTERP" not in _run(["readelf", "-l", str(client)]).stdout
     assert (bundle / "install.sh").is_file() and (bundle / "conf" / "vpc-cni").is_dir()
     # Development tools that optional imports drag in (netaddr's shell -> IPython -> jedi; pydantic's
     # mypy plugin) stay out: they were 45 MB of the bundle.
@@ -340,6 +354,7 @@ def _plugin(bin_dir: Path, n: Any, command: str, conf: dict[str, Any], pod: Any,
         "CNI_IFNAME": "net1",
         "CNI_PATH": str(bin_dir),
         "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p",
+        "RDMA_CNI_AGENT_SOCKET": str(Path(path) / "no-agent.sock"),
     }
     ip = shutil.which("ip")
     assert ip is not None
@@ -435,7 +450,7 @@ def test_demo_runs_on_the_installed_bundle(bundle: Path) -> None:
 
 
 def _daemonset_commands() -> list[list[str]]:
-    """The install commands of conf/k8s/rdma-cni.yaml: the init container's, and the agent's loop body."""
+    """The install commands of conf/k8s/rdma-cni.yaml: the init container's, and the refresh loop's body."""
     yaml = pytest.importorskip("yaml")
     docs = list(yaml.safe_load_all((REPO / "conf/k8s/rdma-cni.yaml").read_text()))
     pod = next(d for d in docs if d and d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
@@ -447,7 +462,7 @@ def _daemonset_commands() -> list[list[str]]:
         )
         for a in init["args"]
     ]
-    loop = pod["containers"][0]["args"][0]
+    loop = next(c for c in pod["containers"] if c["name"] == "refresh")["args"][0]
     body = loop[loop.index("/opt/rdma-cni/install.sh") :].split("\ndone")[0]
     second = [w.strip('"') for w in body.replace("\\\n", " ").split()]
     second = [
@@ -522,3 +537,72 @@ def test_doctor_of_the_installed_bundle_reads_the_installation(bundle: Path, tmp
     assert found["default-network tke-route-eni"]["status"] == "FAIL"
     assert "tke-route-eni" in found["default-network tke-route-eni"]["fix"]
     assert found["rdma-devices"]["status"] == "FAIL"
+
+
+# ---- the thin client in front of the plugins: rdma-agent warm, the bundle cold -----------------------
+
+
+def _version(bin_dir: Path, name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return _run([str(bin_dir / name)], env=env, input='{"cniVersion":"1.0.0"}')
+
+
+def _wait_for(predicate: Any, what: str, agent: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert agent.poll() is None, f"rdma-agent exited with {agent.returncode} before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_installed_plugins_answer_version_through_the_client_with_and_without_an_agent(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """The installed rdma-macvlan / rdma-multus (the C client): no agent -> the bundle answers; the
+    installed rdma-agent running -> it answers, with fallback made impossible; agent killed -9
+    (its socket file left behind) -> the bundle answers again. The same bytes every time."""
+    if os.geteuid() != 0:
+        pytest.skip("rdma-agent serves root only (its socket is chowned to root)")
+    root = tmp_path / "root"
+    bin_dir = _installed(bundle, root)
+    sock = tmp_path / "run" / "agent.sock"
+    log = tmp_path / "agent.log"
+    env = bare_env(tmp_path, CNI_COMMAND="VERSION", RDMA_CNI_AGENT_SOCKET=str(sock))
+
+    cold = {name: _version(bin_dir, name, env) for name in PLUGINS}
+    for name, proc in cold.items():
+        assert proc.returncode == 0, (name, proc.stderr)
+        assert {"0.3.1", "1.0.0", "1.1.0"} <= set(json.loads(proc.stdout)["supportedVersions"]), name
+
+    # As the DaemonSet runs it: the installed bundle's own rdma-agent command.
+    agent_argv = [str(bin_dir / "rdma-cni.d/current/rdma-cni"), "rdma-agent"]
+    argv = [*agent_argv, "--socket", str(sock), "--reconcile-interval", "-1"]
+    argv += ["--conf-dir", str(root / "etc/cni/net.d"), "--log-file", str(log)]
+    agent = subprocess.Popen(
+        argv, env=bare_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for(sock.exists, "its socket", agent)
+        assert sock.stat().st_mode & 0o777 == 0o600
+        probe = _run([*agent_argv, "--probe", "--socket", str(sock)], env=bare_env(tmp_path))
+        assert probe.returncode == 0, probe.stderr
+        # A fallback would exec /bin/false and fail: an answer here came from the agent.
+        warm_env = {**env, "RDMA_CNI_FALLBACK": "/bin/false"}
+        for name in PLUGINS:
+            warm = _version(bin_dir, name, warm_env)
+            assert (warm.returncode, warm.stdout) == (0, cold[name].stdout), (name, warm.stderr)
+        _wait_for(
+            lambda: all(f"served {n} VERSION" in log.read_text() for n in PLUGINS), "the served log", agent
+        )
+        agent.kill()
+        agent.wait(timeout=30)
+        assert sock.exists()  # stale: connect() is refused, and the client must fall back
+        assert _version(bin_dir, "rdma-macvlan", warm_env).returncode != 0  # proves it fell back
+        for name in PLUGINS:
+            again = _version(bin_dir, name, env)
+            assert (again.returncode, again.stdout) == (0, cold[name].stdout), (name, again.stderr)
+        probe = _run([*agent_argv, "--probe", "--socket", str(sock)], env=bare_env(tmp_path))
+        assert probe.returncode == 1 and "no agent answered" in probe.stderr
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(timeout=30)
