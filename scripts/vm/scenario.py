@@ -824,6 +824,16 @@ def crash_section() -> None:
         if not delete_netns_first:
             R.check(f"{label}: nothing left in the pod", ["lo"], pod_links("pod5"))
             ip(["netns del pod5"])
+    # a node that lost its runtime's memory (crash, reboot): GC with no valid attachment heals it
+    ip(["netns add pod6"])
+    rc, _, _ = cni("ADD", "pod6", "bond0")
+    R.check("GC: ADD pod6 exit code", 0, rc)
+    ip(["netns del pod6"])
+    R.check("GC: the pod's netns is gone and bond0 still lacks its addresses", [], addresses("bond0"))
+    rc, out, _ = cni("GC", "pod6", "bond0", extra={"cni.dev/valid-attachments": []})
+    R.check("GC with no valid attachments: exit code", 0, rc, out)
+    for a, index in host_idx.items():
+        R.check(f"GC: {a} back at the host's GID index", index, v2_index("mlx5_bond_0", a))
     R.check("host as before the crashes", before, host_snapshot())
 
 
