@@ -13,7 +13,7 @@ import pytest
 from netns import Node, sh
 
 from rdma_cni.net import addresses, links, routes
-from rdma_cni.net.announce import announce
+from rdma_cni.net.announce import arm_arp_notify
 from rdma_cni.net.netns import NetnsUnavailable, current_inode, netlink_in, open_netns
 
 pytestmark = pytest.mark.netns
@@ -115,7 +115,7 @@ def test_routes_and_rules_are_replayed_exactly_after_the_kernel_flushed_them(nod
     ipr.close()  # type: ignore[attr-defined]
 
 
-def test_gratuitous_arp_moves_the_peer_neighbour_entry_to_the_new_mac(node_ns: Node) -> None:
+def test_kernel_gratuitous_arp_at_link_up_moves_the_peer_neighbour_to_the_new_mac(node_ns: Node) -> None:
     n = node_ns
     n.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
     sw_if = next(link["ifname"] for link in json.loads(sh("ip", "-n", n.switch, "-j", "link").stdout)
@@ -131,9 +131,13 @@ def test_gratuitous_arp_moves_the_peer_neighbour_entry_to_the_new_mac(node_ns: N
     links.create_macvlan(host, bond, ns.fd, "mvtest0", "bridge")
     index = links.configure_link(ipr, "mvtest0", "net9", 1500, addrgen_off=True)
     ipr.addr("add", index=index, address="198.51.100.2", prefixlen=28, family=socket.AF_INET)
-    links.set_up(ipr, index)
+    arm_arp_notify(ns, "net9")
+    pod_sysctl = sh("ip", "netns", "exec", pod.name, "sysctl", "-n", "net.ipv4.conf.net9.arp_notify")
+    assert pod_sysctl.stdout.strip() == "1"
+    node_sysctl = sh("ip", "netns", "exec", n.name, "sysctl", "-n", "net.ipv4.conf.all.arp_notify")
+    assert node_sysctl.stdout.strip() == "0"  # only the pod's interface, in the pod's netns
     mac = links.get_link(ipr, "net9").mac  # type: ignore[union-attr]
-    announce(ns, "net9", index, mac, ["198.51.100.2"])
+    links.set_up(ipr, index)  # the kernel's gratuitous ARP goes out now
     deadline = time.monotonic() + 3
     seen = ""
     while time.monotonic() < deadline:

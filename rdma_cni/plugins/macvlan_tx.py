@@ -3,8 +3,9 @@
 ADD per bond (DESIGN.md "rdma-macvlan: behaviour"; the order is what keeps the RoCE GID index):
 
     write-ahead record  ->  macvlan created in the pod netns (temp name)  ->  rename, MTU, addrgen off
-    ->  addresses deleted from the bond  ->  added to the pod interface, primary first  ->  link up
-    ->  routes/rules  ->  RDMA (GID check, record)  ->  gratuitous ARP / unsolicited NA
+    ->  addresses deleted from the bond  ->  added to the pod interface, primary first
+    ->  arp_notify on  ->  link up (the kernel broadcasts a gratuitous ARP per IPv4)  ->  routes/rules
+    ->  RDMA (GID check, record)  ->  unsolicited NA for moved IPv6 addresses
 
 Every step is undone by :func:`teardown`, which needs only the record: it deletes the pod interface
 first (if the recorded netns is still there — checked by inode), then replays the bond's addresses,
@@ -32,7 +33,7 @@ from typing import Any
 
 from rdma_cni.cni.errors import NETLINK_FAILURE, CniError
 from rdma_cni.net import addresses, links, routes
-from rdma_cni.net.announce import announce
+from rdma_cni.net.announce import announce_ipv6, arm_arp_notify
 from rdma_cni.net.netns import Netns, NetnsUnavailable, netlink_in, open_netns
 from rdma_cni.net.rtnl import attr
 from rdma_cni.state import AttachmentRecord, BondRecord
@@ -127,6 +128,10 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
         _add_plain_ip(ctx.pod, index, ip, plen)
     ctx.fp.hit("addresses-added")
     step[0] = "bring the pod interface up"
+    try:  # the kernel's gratuitous ARP at link-up is the IPv4 announcement
+        arm_arp_notify(ctx.ns, b.pod_ifname)
+    except OSError as exc:  # a lost announcement only delays peers' caches; not worth failing the pod
+        log.warning("arp_notify on %s: %s; peers learn the new MAC as caches expire", b.pod_ifname, exc)
     links.set_up(ctx.pod, index)
     ctx.fp.hit("link-up")
     step[0] = "add routes"
@@ -141,7 +146,7 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     b.mac = link.mac if link else ""
     ips = [addresses.ip_of(a) for a in b.addresses] + [ip for ip, _ in ctx.extra_ips.get(i, [])]
     try:
-        announce(ctx.ns, b.pod_ifname, index, b.mac, ips)
+        announce_ipv6(ctx.ns, index, b.mac, ips)  # IPv4 was announced by the kernel at link-up
     except OSError as exc:  # a lost announcement only delays peers' caches; not worth failing the pod
         log.warning("announcing %s on %s failed: %s", ips, b.pod_ifname, exc)
     ctx.fp.hit("announced")
