@@ -6,6 +6,9 @@
  * absent, refuses, or breaks before GO, it execs the in-process implementation with the same stdin
  * and environment (plus RDMA_CNI_AGENT=off so that one does not try the agent again).
  *
+ * Environment: RDMA_CNI_AGENT_SOCKET (default below), RDMA_CNI_AGENT=off (never ask the agent),
+ * RDMA_CNI_AGENT_TIMEOUT (seconds to connect and get READY, default 3; as the Python client).
+ *
  * Plugin name: basename of argv[0] (rdma-macvlan, rdma-multus).
  * Fallback program: $RDMA_CNI_FALLBACK, else "rdma-cni" beside this executable (the PyInstaller
  * multicall bundle, which dispatches on argv[0], so it is exec'd with the same argv[0]).
@@ -94,6 +97,20 @@ static void set_timeout(int fd, long ms) {
     struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* $RDMA_CNI_AGENT_TIMEOUT in seconds as milliseconds; anything unparsable is the default. Never 0:
+ * SO_RCVTIMEO 0 would mean "wait forever", the opposite of a short timeout. */
+static long ready_timeout_ms(void) {
+    const char *s = getenv("RDMA_CNI_AGENT_TIMEOUT");
+    if (!s || !*s) return READY_TIMEOUT_MS;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || v != v) return READY_TIMEOUT_MS;
+    if (v > ANSWER_TIMEOUT_S) v = ANSWER_TIMEOUT_S;
+    long ms = (long)(v * 1000);
+    return ms < 1 ? 1 : ms;
 }
 
 /* The frame plus the caller's namespaces in one sendmsg; the rest (if any) with send. */
@@ -231,7 +248,7 @@ int main(int argc, char **argv) {
 
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) fall_back(argv, &in);
-    set_timeout(fd, READY_TIMEOUT_MS);
+    set_timeout(fd, ready_timeout_ms());
     unsigned char reply = 0;
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, &frame) ||
         recv_exact(fd, &reply, 1) || reply != 'R' || (!eager && send_all(fd, (const unsigned char *)"G", 1))) {
