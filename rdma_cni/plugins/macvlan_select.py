@@ -88,14 +88,19 @@ def choose_bonds(
         why = usable(bond)
         if why:
             raise CniError(TRY_AGAIN_LATER, f"{bond} cannot be given out now: {why}")
-    free = [m for m in masters if m not in wanted and (pins.get(m) in (None, me)) and not usable(m)]
+    free: list[str] = []
+    for m in masters:  # each usable() asks the kernel: stop as soon as there are enough
+        if len(free) == opaque:
+            break
+        if m not in wanted and pins.get(m) in (None, me) and not usable(m):
+            free.append(m)
     if opaque > len(free):
         raise CniError(
             TRY_AGAIN_LATER,
             f"no free bond: need {opaque}, free {free or 'none'} of masters {list(masters)}; "
             + describe_pins(pins),
         )
-    return wanted + free[:opaque]
+    return wanted + free
 
 
 def _who(att: Attachment) -> str:
