@@ -112,11 +112,14 @@ def test_daemonset_carries_the_seed_component_parameters() -> None:
     ds = _daemonset()
     pod = ds["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {RDMA_LABEL: "true"}
+    seed = {"requests": {"cpu": "10m", "memory": "100Mi"}, "limits": {"cpu": "50m", "memory": "500Mi"}}
     for c in pod["containers"] + pod["initContainers"]:
-        assert c["resources"] == {
-            "requests": {"cpu": "10m", "memory": "100Mi"},
-            "limits": {"cpu": "50m", "memory": "500Mi"},
-        }, c["name"]
+        if c["name"] == "rdma-agent":
+            # The seed's, but for the CPU limit: 50m throttles every warm CNI call (measured ADD p50
+            # 1020 ms at 50m vs 59 ms at 1 CPU; cold in-process 390 ms), see the manifest.
+            assert c["resources"] == {**seed, "limits": {**seed["limits"], "cpu": "1"}}
+        else:
+            assert c["resources"] == seed, c["name"]
     # The containers that run install.sh carry the installer's parameters.
     for c in [_container(ds, "refresh"), *pod["initContainers"]]:
         env = {e["name"]: e["value"] for e in c.get("env", [])}
