@@ -606,3 +606,27 @@ def test_installed_plugins_answer_version_through_the_client_with_and_without_an
         if agent.poll() is None:
             agent.kill()
             agent.wait(timeout=30)
+
+
+def test_build_without_a_c_compiler_stops_before_freezing(tmp_path: Path) -> None:
+    out = tmp_path / "dist"
+    proc = _run(
+        [str(REPO / "scripts" / "build"), "--out", str(out)], env={**os.environ, "CC": "/nonexistent/cc"}
+    )
+    assert proc.returncode == 1
+    assert "--without-client" in proc.stderr and "PyInstaller" not in proc.stderr
+    assert not (out / "rdma-cni").exists()
+
+
+@pytest.mark.slow
+def test_build_without_client_links_the_plugins_to_the_bundle(tmp_path: Path) -> None:
+    """--without-client: no C client; the plugins are the bundle (which asks the agent itself)."""
+    out = tmp_path / "dist"
+    proc = _run([str(REPO / "scripts" / "build"), "--out", str(out), "--without-client"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bundle = out / "rdma-cni"
+    assert not (bundle / "rdma-cni-client").exists()
+    for name in (*NAMES, "rdma-agent"):
+        assert os.readlink(bundle / name) == "rdma-cni", name
+    version = _version(bundle, "rdma-macvlan", bare_env(tmp_path, CNI_COMMAND="VERSION"))
+    assert version.returncode == 0 and "supportedVersions" in version.stdout, version.stderr
