@@ -110,6 +110,12 @@ def test_a_killed_run_is_swept_by_the_next_one() -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up
         proc.wait()
     assert leftovers(pid), "a kill -9 leaves the namespaces behind"
+    # The python child is reparented to PID 1, which may reap it a second later (this sandbox's init
+    # does): until then it is a zombie with a /proc entry, and the sweep rightly keeps a live pid's
+    # namespaces. Wait for it, as a next run after a real kill -9 would find it gone.
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
     again = subprocess.run(DEMO, capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert again.returncode == 0, again.stdout[-3000:]
     assert leftovers(pid) == []
