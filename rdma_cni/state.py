@@ -2,7 +2,8 @@
 
 Layout under ``dataDir`` (0700 dir, 0600 files, every write atomic via :mod:`rdma_cni.durable`)::
 
-    lock                                   fcntl lock file: one plugin at a time on this node
+    lock                                   fcntl lock: bond selection and record writes, node-wide
+    claims/<00..ff>                        fcntl locks: one attachment's whole ADD or DEL (hashed)
     attachments/<containerID>@<ifname>.json   one AttachmentRecord (ifname %-quoted)
 
 The record is written **before** ADD touches anything and holds all that DEL needs to give the
@@ -10,14 +11,27 @@ host back its addresses, routes and rules without the pod netns: so a kill -9 at
 a record from which DEL or GC restores the node. A bond listed in a record is *pinned* to that
 attachment: pins are derived from the records, never stored twice, so they cannot disagree.
 
+Two locks, always taken in this order: an attachment's *claim*, then the node *lock*. ADD holds
+its claim for the whole call but the node lock only while it picks bonds and writes the write-ahead
+record (and for each later record write); the pins in that record keep other ADDs off its bonds,
+so the kernel work runs concurrently. Whoever tears down *another* attachment's record (GC, an
+ADD reclaiming a dead netns's bonds) holds the node lock and only *tries* that claim: a busy claim
+is an ADD or DEL in flight, skipped, never waited for (no lock-order inversion). Claims hash the
+attachment into 256 never-deleted lock files (no unlink race; a collision only serialises two
+calls). Every write under ``attachments/`` still happens under the node lock, so the temp-file
+sweep below stays true.
+
 A file that cannot be read or parsed is treated as absent and logged (never fatal for a pod start);
 it is left in place for ``cni-tool state`` / doctor to show.
 
 Public API (read by ``cni-tool state`` and doctor as well as the plugin)::
 
     st = NodeState("/var/lib/cni/rdma-macvlan")
-    with st.locked():                      # node-wide exclusive lock (fcntl)
-        st.put(record); st.get(cid, ifname); st.remove(cid, ifname)
+    with st.claimed(attachment):           # this attachment: its ADD/DEL, taken first, may block
+        with st.locked():                  # node-wide exclusive lock (fcntl), held briefly
+            st.put(record); st.get(cid, ifname); st.remove(cid, ifname)
+    with st.locked(), st.try_claim(other) as free:   # GC/reclaim: never wait for a claim
+        ...
     st.attachments()  -> list[AttachmentRecord]
     st.pins()         -> dict[bond name, Attachment]
     st.unreadable()   -> list[str] paths of files that failed to load
@@ -31,6 +45,7 @@ import logging
 import os
 import time
 import urllib.parse
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -47,6 +62,8 @@ PHASE_ADDING = "adding"  # write-ahead: the host may be partly changed; DEL/GC m
 PHASE_ADDED = "added"  # ADD returned a result
 ATTACHMENTS_DIR = "attachments"
 LOCK_FILE = "lock"
+CLAIMS_DIR = "claims"
+CLAIM_BUCKETS = 256
 
 
 @dataclass
@@ -134,6 +151,42 @@ class NodeState:
             yield
         finally:
             os.close(fd)
+
+    @contextmanager
+    def claimed(self, att: Attachment) -> Iterator[None]:
+        """This attachment's claim, waiting for it; take it *before* :meth:`locked`, never inside."""
+        fd = self._claim_fd(att)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def try_claim(self, att: Attachment) -> Iterator[bool]:
+        """The claim if it is free right now (True), else False: an ADD or DEL of it is in flight.
+
+        Safe under :meth:`locked` because it never waits. A claim this process already holds (its
+        own attachment, or a hash collision with it) counts as busy: flock is per open file.
+        """
+        fd = self._claim_fd(att)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+            else:
+                yield True
+        finally:
+            os.close(fd)
+
+    def _claim_fd(self, att: Attachment) -> int:
+        durable.ensure_dir(self.data_dir)
+        claims = os.path.join(self.data_dir, CLAIMS_DIR)
+        if not os.path.isdir(claims):
+            durable.ensure_dir(claims)
+        bucket = zlib.crc32(record_filename(att.container_id, att.ifname).encode()) % CLAIM_BUCKETS
+        return os.open(os.path.join(claims, f"{bucket:02x}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
     def _sweep_temp_files(self) -> None:
         """Temp files of an atomic write cut short by kill -9. Only lock holders write here, and we

@@ -1,12 +1,15 @@
-"""Concurrency: many real plugin processes at once on one node, serialised only by the node lock."""
+"""Concurrency: many real plugin processes at once on one node; the node lock (bond selection) and the
+attachment claims (an ADD in flight) keep them apart."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from netns import Node, finish
+from netns import Node, Pod, finish
 
 pytestmark = pytest.mark.netns
 
@@ -78,3 +81,94 @@ def test_200_concurrent_add_del_cycles_leave_nothing_behind(node_ns: Node) -> No
     assert n.pins() == {}
     links = [link["ifname"] for link in n.node_json("link")]
     assert sorted(links) == sorted(["lo", *(f"bond{i}" for i in range(8))])
+
+
+# ---------------------------------------------- an ADD in flight (between write-ahead and commit)
+# The node lock is held only for bond selection + write-ahead; these pin down what keeps the rest
+# safe: the attachment's claim. The ADD is frozen (SIGSTOP failpoint) after it moved the address.
+
+
+def _stopped(proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, finish(proc).stdout
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.02)
+    raise AssertionError("the ADD never reached its failpoint")
+
+
+def _in_flight_add(n: Node, conf: dict[str, object], pod: Pod) -> subprocess.Popen[bytes]:
+    stop = {"RDMA_CNI_FAILPOINT": "addresses-added:stop"}
+    proc = n.start("ADD", conf, pod, container_id="slow", extra=stop)
+    _stopped(proc)
+    return proc
+
+
+def test_other_adds_run_while_an_add_is_in_flight_and_gc_leaves_it_alone(node_ns: Node) -> None:
+    n = node_ns
+    conf = eight_bonds(n)
+    before = n.snapshot()
+    slow_pod, other_pod = n.pod(), n.pod()
+    slow = _in_flight_add(n, conf, slow_pod)
+    try:
+        assert n.pins() == {"bond0": "slow"}
+        other = n.plugin("ADD", conf, other_pod, container_id="other", timeout=30)  # no node lock held
+        assert other.code == 0 and other.out["interfaces"][0]["name"] == "bond1", other.stdout
+        gc = dict(conf, **{"cni.dev/valid-attachments": [{"containerID": "other", "ifname": "net1"}]})
+        res = n.plugin("GC", gc, timeout=30)
+        assert res.code == 0, res.stdout
+        assert n.pins() == {"bond0": "slow", "bond1": "other"}  # GC skipped the in-flight ADD
+    finally:
+        slow.send_signal(signal.SIGCONT)
+    done = finish(slow)
+    assert done.code == 0, done.stdout
+    assert n.ping(slow_pod, "198.51.100.1", "bond0")
+    for cid, pod in (("slow", slow_pod), ("other", other_pod)):
+        assert n.plugin("DEL", conf, pod, container_id=cid).code == 0
+    assert n.snapshot() == before
+    assert n.state_files() == []
+
+
+def test_del_of_an_in_flight_add_waits_for_it_then_restores_the_node(node_ns: Node) -> None:
+    n = node_ns
+    conf = eight_bonds(n)
+    before = n.snapshot()
+    pod = n.pod()
+    slow = _in_flight_add(n, conf, pod)
+    try:
+        delete = n.start("DEL", conf, pod, container_id="slow")
+        time.sleep(1.0)
+        assert delete.poll() is None  # waits on the ADD's claim, not racing its half-done work
+    finally:
+        slow.send_signal(signal.SIGCONT)
+    assert finish(slow).code == 0
+    assert finish(delete).code == 0
+    assert n.snapshot() == before
+    assert n.state_files() == []
+
+
+def test_reclaim_by_another_add_skips_an_in_flight_add_whose_netns_vanished(node_ns: Node) -> None:
+    n = node_ns
+    conf = eight_bonds(n)
+    before = n.snapshot()
+    pod, other_pod = n.pod(), n.pod()
+    slow = _in_flight_add(n, conf, pod)
+    try:
+        n.delete_pod(pod)  # the ADD holds the netns open; its path is gone
+        other = n.plugin("ADD", conf, other_pod, container_id="other", timeout=30)
+        assert other.code == 0, other.stdout
+        assert n.pins() == {"bond0": "slow", "bond1": "other"}  # not reclaimed under the ADD's feet
+    finally:
+        slow.send_signal(signal.SIGCONT)
+    finish(slow)
+    # Now nothing is in flight: the next ADD reclaims bond0 (its netns is gone) and DEL cleans up.
+    third = n.plugin("ADD", conf, n.pod(), container_id="third", timeout=30)
+    assert third.code == 0, third.stdout
+    assert "slow" not in n.pins().values()
+    assert n.plugin("DEL", conf, "", container_id="other").code == 0
+    assert n.plugin("DEL", conf, "", container_id="third").code == 0
+    assert n.plugin("DEL", conf, "", container_id="slow").code == 0
+    assert n.snapshot() == before
+    assert n.state_files() == []

@@ -1,8 +1,10 @@
 """rdma-macvlan: each verb, top to bottom (the policy; mechanisms live in ``net``, ``rdma``, ``state``).
 
-ADD: config -> node lock -> pick bonds -> write-ahead record -> per bond: macvlan in the pod netns,
-the bond's addresses moved into it, routes, RDMA checks, announcements -> result. A failure anywhere
-undoes every bond of the attachment (:func:`macvlan_tx.teardown`) and names the step and the bond.
+ADD: config -> the attachment's claim -> node lock -> pick bonds -> write-ahead record -> node lock
+released -> per bond: macvlan in the pod netns, the bond's addresses moved into it, routes, RDMA
+checks, announcements -> commit (node lock again, briefly) -> result (locking: :mod:`rdma_cni.state`).
+A failure anywhere undoes every bond of the attachment (:func:`macvlan_tx.teardown`), naming the
+step and the bond.
 DEL: record -> pod interfaces deleted (if that netns is still the recorded one) -> the bond's
 addresses, routes and rules replayed -> record removed. Works without the pod netns, without state,
 and twice. GC: DEL for every recorded attachment the runtime no longer lists. STATUS: could an ADD
@@ -59,20 +61,23 @@ class MacvlanPlugin:
         fp = tx.Failpoints(req.env)
         state = NodeState(cfg.data_dir)
         ns = open_netns(req.netns)
-        with ns, state.locked():
-            fp.hit("locked")
+        with ns, state.claimed(req.attachment):
             host = netlink_in(None)
             pod = netlink_in(ns)
             try:
-                return self._add_locked(req, cfg, state, fp, host, pod, ns)
+                with state.locked():
+                    fp.hit("locked")
+                    rec, ctx = self._write_ahead(req, cfg, state, fp, host, pod, ns)
+                return self._transact(req, cfg, state, rec, ctx)
             finally:
                 pod.close()
                 host.close()
 
-    def _add_locked(
+    def _write_ahead(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, fp: tx.Failpoints, host: Any, pod: Any,
         ns: Any,
-    ) -> Result:
+    ) -> tuple[AttachmentRecord, tx.AddContext]:
+        """Under the node lock: pick and pin the bonds, record how to give them back (write-ahead)."""
         old = state.get(req.container_id, req.ifname)
         if old is not None:
             log.warning("ADD %s/%s: a previous attachment is recorded; undoing it first", req.container_id,
@@ -88,10 +93,18 @@ class MacvlanPlugin:
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i))
         macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
         macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
-        ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: state.put(rec),
+        ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: _put_locked(state, rec),
                             mode=cfg.mode, mac=_requested_mac(req))
         ctx.rdma_step = lambda b, i: macvlan_rdma.attach(cfg, rec, b, ns, _ipam_ipv4(ctx, i), ctx.save)
         state.put(rec)  # write-ahead: from here on a crash is repaired by DEL or GC
+        return rec, ctx
+
+    def _transact(
+        self, req: Request, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, ctx: tx.AddContext
+    ) -> Result:
+        """Without the node lock (our claim and the pins in the record keep everyone else off these
+        bonds): the kernel work, then the commit; any failure undoes it all."""
+        fp, host = ctx.fp, ctx.host
         step = ["write-ahead"]
         current = rec.bonds[0].bond
         try:
@@ -99,15 +112,16 @@ class MacvlanPlugin:
             step[0] = "IPAM"
             if cfg.ipam is not None:
                 self._run_ipam(req, cfg, rec, ctx)
-                state.put(rec)
+                ctx.save()
             fp.hit("ipam-added")
             for i, b in enumerate(rec.bonds):
                 current = b.bond
                 tx.add_bond(ctx, b, i, step)
             rec.phase = PHASE_ADDED
-            state.put(rec)
-            fp.hit("committed")
-            macvlan_rdma.refresh_host_record(cfg, host)
+            with state.locked():
+                state.put(rec)
+                fp.hit("committed")
+                macvlan_rdma.refresh_host_record(cfg, host)
         except BaseException as exc:
             self._rollback(req, cfg, state, rec, host)
             if isinstance(exc, CniError):
@@ -207,16 +221,22 @@ class MacvlanPlugin:
         invoke.exec_plugin(path, "DEL", env, conf)
 
     def _reclaim_dead(self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any) -> None:
-        """A bond pinned to a container whose netns is gone is given back before choosing bonds."""
+        """A bond pinned to a container whose netns is gone is given back before choosing bonds
+        (unless that attachment's ADD or DEL is in flight: its claim is busy; it is skipped)."""
         for rec in state.attachments():
             if rec.key == req.attachment or netns_inode(rec.netns) == rec.netns_inode:
                 continue
-            log.warning("reclaiming bonds %s of %s/%s: its netns %s is gone", [b.bond for b in rec.bonds],
-                        rec.container_id, rec.ifname, rec.netns)
-            try:
-                self._forget(req, cfg, state, rec, host, "")
-            except CniError as exc:
-                log.error("could not reclaim %s/%s: %s", rec.container_id, rec.ifname, exc.msg)
+            with state.try_claim(rec.key) as free:
+                if not free:
+                    log.info("not reclaiming %s/%s now: a call for it is in flight", rec.container_id,
+                             rec.ifname)
+                    continue
+                log.warning("reclaiming bonds %s of %s/%s: its netns %s is gone",
+                            [b.bond for b in rec.bonds], rec.container_id, rec.ifname, rec.netns)
+                try:
+                    self._forget(req, cfg, state, rec, host, "")
+                except CniError as exc:
+                    log.error("could not reclaim %s/%s: %s", rec.container_id, rec.ifname, exc.msg)
 
     def _result(self, req: Request, rec: AttachmentRecord) -> Result:
         res = Result()
@@ -243,7 +263,7 @@ class MacvlanPlugin:
         cfg = _config(req)
         fp = tx.Failpoints(req.env)
         state = NodeState(cfg.data_dir)
-        with state.locked():
+        with state.claimed(req.attachment), state.locked():
             fp.hit("del-locked")
             rec = state.get(req.container_id, req.ifname)
             if rec is None:
@@ -300,11 +320,16 @@ class MacvlanPlugin:
                 for rec in state.attachments():
                     if rec.key in valid:
                         continue
-                    log.info("GC: %s/%s is not in the valid list", rec.container_id, rec.ifname)
-                    try:
-                        self._forget(req, cfg, state, rec, host, "", fp)
-                    except CniError as exc:
-                        failures.append(f"{rec.container_id}/{rec.ifname}: {exc.msg}")
+                    with state.try_claim(rec.key) as free:
+                        if not free:  # its ADD is still running (the runtime may not list it yet)
+                            log.info("GC: %s/%s is in flight: left for its own DEL or the next GC",
+                                     rec.container_id, rec.ifname)
+                            continue
+                        log.info("GC: %s/%s is not in the valid list", rec.container_id, rec.ifname)
+                        try:
+                            self._forget(req, cfg, state, rec, host, "", fp)
+                        except CniError as exc:
+                            failures.append(f"{rec.container_id}/{rec.ifname}: {exc.msg}")
                 macvlan_rdma.refresh_host_record(cfg, host)
             finally:
                 host.close()
@@ -345,6 +370,12 @@ class MacvlanPlugin:
             host.close()
         raise CniError(STATUS_UNAVAILABLE, "no bond can be handed out now: " + "; ".join(reasons)
                        + f" ({describe_pins(pins)})")
+
+
+def _put_locked(state: NodeState, rec: AttachmentRecord) -> None:
+    """A record write during the transaction: the node lock only for the write itself."""
+    with state.locked():
+        state.put(rec)
 
 
 def _ipam_ipv4(ctx: tx.AddContext, i: int) -> str | None:

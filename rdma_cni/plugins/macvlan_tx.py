@@ -13,7 +13,8 @@ routes and rules. DEL, GC, a failed ADD and a crashed ADD all end there.
 
 Test-only failpoints: ``RDMA_CNI_FAILPOINT=<step>`` (or ``<step>#<n>`` for the n-th time the step is
 reached, e.g. the second bond) makes the plugin SIGKILL itself right after that step; a ``:error``
-suffix raises an I/O error there instead (to test rollback). Steps, in order:
+suffix raises an I/O error there instead (to test rollback); ``:stop`` SIGSTOPs it there until the
+test sends SIGCONT (to hold a call in flight and race others against it). Steps, in order:
 ``locked``, ``write-ahead``, ``ipam-added``, ``link-created``, ``link-configured``,
 ``addresses-removed``, ``addresses-added``, ``link-up``, ``routes-added``, ``rdma-checked``,
 ``announced``, ``committed``; on DEL/GC: ``del-locked``, ``del-pod-cleaned``, ``del-host-restored``.
@@ -56,6 +57,7 @@ class Failpoints:
         spec = env.get("RDMA_CNI_FAILPOINT", "")
         spec, _, action = spec.partition(":")
         self.error = action == "error"
+        self.stop = action == "stop"
         step, _, nth = spec.partition("#")
         self.step = step
         self.nth = int(nth) if nth.isdigit() else 1
@@ -69,6 +71,10 @@ class Failpoints:
             if self.error:
                 log.warning("failpoint %s#%d: injected error", step, self.nth)
                 raise OSError(errno.EIO, f"injected failure at {step}")
+            if self.stop:
+                log.warning("failpoint %s#%d: SIGSTOP", step, self.nth)
+                os.kill(os.getpid(), signal.SIGSTOP)
+                return
             log.warning("failpoint %s#%d: SIGKILL", step, self.nth)
             os.kill(os.getpid(), signal.SIGKILL)
 
