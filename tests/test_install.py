@@ -7,6 +7,7 @@ so a node without Python is what is tested.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 NAMES = ("rdma-macvlan", "rdma-multus", "cni-tool")
 PLUGINS = ("rdma-macvlan", "rdma-multus")
-PREFIX = "h6-"
+PREFIX = "h10-"
 
 
 def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -342,7 +343,15 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield n
 
 
-def _plugin(bin_dir: Path, n: Any, command: str, conf: dict[str, Any], pod: Any, path: str) -> Any:
+def _plugin(
+    bin_dir: Path,
+    n: Any,
+    command: str,
+    conf: dict[str, Any],
+    pod: Any,
+    path: str,
+    extra_env: dict[str, str] | None = None,
+) -> Any:
     """The installed rdma-macvlan run in the node netns like a runtime would, with no Python on PATH."""
     import netns
 
@@ -355,6 +364,7 @@ def _plugin(bin_dir: Path, n: Any, command: str, conf: dict[str, Any], pod: Any,
         "CNI_PATH": str(bin_dir),
         "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p",
         "RDMA_CNI_AGENT_SOCKET": str(Path(path) / "no-agent.sock"),
+        **(extra_env or {}),
     }
     ip = shutil.which("ip")
     assert ip is not None
@@ -369,19 +379,41 @@ def _plugin(bin_dir: Path, n: Any, command: str, conf: dict[str, Any], pod: Any,
     return netns._result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
 
 
+@pytest.mark.parametrize("served_by", ["bundle", "agent"])
 def test_add_check_del_through_the_installed_bundle_without_python(
-    bundle: Path, node: Any, tmp_path: Path
+    bundle: Path, node: Any, tmp_path: Path, served_by: str
 ) -> None:
+    """ADD/CHECK/DEL of the installed rdma-macvlan (the C client): with no agent the bundle runs them;
+    with the installed rdma-agent running, the agent does, and a fallback would fail the call."""
     _need("macvlan")
     bin_dir = _installed(bundle, tmp_path / "root")
     path = no_python_path(tmp_path)
+    with contextlib.ExitStack() as stack:
+        extra: dict[str, str] = {}
+        if served_by == "agent":
+            sock, log, agent = stack.enter_context(_running_agent(bin_dir, tmp_path))
+            extra = {"RDMA_CNI_AGENT_SOCKET": str(sock), "RDMA_CNI_FALLBACK": "/bin/false"}
+        _add_check_del(bin_dir, node, path, extra)
+        if served_by == "agent":
+            # The worker logs after it has answered: wait for the line, it cannot be missing for good.
+            _wait_for(
+                lambda: all(
+                    f"served rdma-macvlan {verb} ship1/net1: exit 0" in log.read_text()
+                    for verb in ("ADD", "CHECK", "DEL")
+                ),
+                "ADD, CHECK and DEL in the agent's log",
+                agent,
+            )
+
+
+def _add_check_del(bin_dir: Path, node: Any, path: str, extra: dict[str, str]) -> None:
     node.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
     node.bond("bond1", "198.51.100.18/28", peer="198.51.100.17/28")
     before = node.snapshot()
     pod = node.pod()
     conf = json.loads((REPO / "conf/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf").read_text())
     conf.update(node.config(masters=["bond0", "bond1"], count=2))
-    add = _plugin(bin_dir, node, "ADD", conf, pod, path)
+    add = _plugin(bin_dir, node, "ADD", conf, pod, path, extra)
     assert add.code == 0, add.stdout + add.stderr
     assert sorted(i["name"] for i in add.out["interfaces"]) == ["bond0", "bond1"]
     assert {
@@ -390,9 +422,9 @@ def test_add_check_del_through_the_installed_bundle_without_python(
         if a["ifname"] != "lo"
     } == {"bond0": ["198.51.100.2"], "bond1": ["198.51.100.18"]}
     assert node.ping(pod, "198.51.100.1", "bond0") and node.ping(pod, "198.51.100.17", "bond1")
-    check = _plugin(bin_dir, node, "CHECK", {**conf, "prevResult": add.out}, pod, path)
+    check = _plugin(bin_dir, node, "CHECK", {**conf, "prevResult": add.out}, pod, path, extra)
     assert check.code == 0, check.stdout + check.stderr
-    delete = _plugin(bin_dir, node, "DEL", {**conf, "prevResult": add.out}, pod, path)
+    delete = _plugin(bin_dir, node, "DEL", {**conf, "prevResult": add.out}, pod, path, extra)
     assert delete.code == 0, delete.stdout + delete.stderr
     assert node.snapshot() == before
 
@@ -554,18 +586,37 @@ def _wait_for(predicate: Any, what: str, agent: subprocess.Popen[bytes], timeout
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _running_agent(bin_dir: Path, tmp_path: Path) -> Iterator[tuple[Path, Path, subprocess.Popen[bytes]]]:
+    """The installed bundle's rdma-agent, as the DaemonSet runs it (reconcile off: it must not touch
+    anything here); yields (socket, log file, process), killed by pid at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("rdma-agent serves root only (its socket is chowned to root)")
+    sock = tmp_path / "run" / "agent.sock"
+    log = tmp_path / "agent.log"
+    argv = [str(bin_dir / "rdma-cni.d/current/rdma-cni"), "rdma-agent", "--socket", str(sock)]
+    argv += ["--reconcile-interval", "-1", "--conf-dir", str(tmp_path / "no-confs"), "--log-file", str(log)]
+    agent = subprocess.Popen(
+        argv, env=bare_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for(sock.exists, "its socket", agent)
+        yield sock, log, agent
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(timeout=30)
+
+
 def test_installed_plugins_answer_version_through_the_client_with_and_without_an_agent(
     bundle: Path, tmp_path: Path
 ) -> None:
     """The installed rdma-macvlan / rdma-multus (the C client): no agent -> the bundle answers; the
     installed rdma-agent running -> it answers, with fallback made impossible; agent killed -9
     (its socket file left behind) -> the bundle answers again. The same bytes every time."""
-    if os.geteuid() != 0:
-        pytest.skip("rdma-agent serves root only (its socket is chowned to root)")
     root = tmp_path / "root"
     bin_dir = _installed(bundle, root)
     sock = tmp_path / "run" / "agent.sock"
-    log = tmp_path / "agent.log"
     env = bare_env(tmp_path, CNI_COMMAND="VERSION", RDMA_CNI_AGENT_SOCKET=str(sock))
 
     cold = {name: _version(bin_dir, name, env) for name in PLUGINS}
@@ -573,15 +624,8 @@ def test_installed_plugins_answer_version_through_the_client_with_and_without_an
         assert proc.returncode == 0, (name, proc.stderr)
         assert {"0.3.1", "1.0.0", "1.1.0"} <= set(json.loads(proc.stdout)["supportedVersions"]), name
 
-    # As the DaemonSet runs it: the installed bundle's own rdma-agent command.
     agent_argv = [str(bin_dir / "rdma-cni.d/current/rdma-cni"), "rdma-agent"]
-    argv = [*agent_argv, "--socket", str(sock), "--reconcile-interval", "-1"]
-    argv += ["--conf-dir", str(root / "etc/cni/net.d"), "--log-file", str(log)]
-    agent = subprocess.Popen(
-        argv, env=bare_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        _wait_for(sock.exists, "its socket", agent)
+    with _running_agent(bin_dir, tmp_path) as (sock, log, agent):
         assert sock.stat().st_mode & 0o777 == 0o600
         probe = _run([*agent_argv, "--probe", "--socket", str(sock)], env=bare_env(tmp_path))
         assert probe.returncode == 0, probe.stderr
@@ -602,10 +646,6 @@ def test_installed_plugins_answer_version_through_the_client_with_and_without_an
             assert (again.returncode, again.stdout) == (0, cold[name].stdout), (name, again.stderr)
         probe = _run([*agent_argv, "--probe", "--socket", str(sock)], env=bare_env(tmp_path))
         assert probe.returncode == 1 and "no agent answered" in probe.stderr
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(timeout=30)
 
 
 def test_build_without_a_c_compiler_stops_before_freezing(tmp_path: Path) -> None:
