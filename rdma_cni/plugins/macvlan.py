@@ -5,10 +5,11 @@ released -> per bond: macvlan in the pod netns, the bond's addresses moved into 
 checks, announcements -> commit (node lock again, briefly) -> result (locking: :mod:`rdma_cni.state`).
 A failure anywhere undoes every bond of the attachment (:func:`macvlan_tx.teardown`), naming the
 step and the bond.
-DEL: record -> pod interfaces deleted (if that netns is still the recorded one) -> the bond's
-addresses, routes and rules replayed -> record removed. Works without the pod netns, without state,
-and twice. GC: DEL for every recorded attachment the runtime no longer lists. STATUS: could an ADD
-succeed now. See :mod:`rdma_cni.plugins.macvlan_tx` for the step order and the test failpoints.
+DEL (under the attachment's claim only): record -> pod interfaces deleted (if that netns is still
+the recorded one) -> the bond's addresses, routes and rules replayed -> record removed. Works
+without the pod netns, without state, and twice. GC: DEL for every recorded attachment the runtime
+no longer lists. STATUS: could an ADD succeed now. See :mod:`rdma_cni.plugins.macvlan_tx` for the
+step order and the test failpoints.
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ class MacvlanPlugin:
         cfg = _config(req)
         fp = tx.Failpoints(req.env)
         state = NodeState(cfg.data_dir)
-        with state.claimed(req.attachment), state.locked():
+        # The claim alone: the record pins its bonds until it is removed, after they are given back.
+        with state.claimed(req.attachment):
             fp.hit("del-locked")
             rec = state.get(req.container_id, req.ifname)
             if rec is None:
@@ -275,7 +277,8 @@ class MacvlanPlugin:
             host = netlink_in(None)
             try:
                 self._forget(req, cfg, state, rec, host, req.netns, fp)
-                macvlan_rdma.refresh_host_record(cfg, host)
+                with state.locked():
+                    macvlan_rdma.refresh_host_record(cfg, host)
             finally:
                 host.close()
 
