@@ -76,12 +76,14 @@ def test_kill_during_del_then_del_again_restores_node(node_ns: Node) -> None:
 
 
 @pytest.mark.slow
-def test_kill_at_random_moments_60_runs_then_del_or_gc_restores_node(node_ns: Node) -> None:
-    """60 ADDs killed after a random delay spread over a whole ADD (import time included)."""
+def test_kill_at_random_moments_then_del_or_gc_restores_node(node_ns: Node) -> None:
+    """ADDs killed after a random delay spread over a whole ADD (import time included), until at
+    least 50 were really killed mid-flight; after each, DEL or GC restores the node exactly."""
     n = node_ns
     conf = two_bonds(n)
     before = n.snapshot()
-    # How long a full ADD takes here, to spread the kills over it.
+    # How long a full ADD takes here, to spread the kills over it. The machine's load changes while
+    # the test runs, so the estimate shrinks whenever an ADD finishes before its kill.
     pod = n.pod()
     t0 = time.monotonic()
     assert n.plugin("ADD", conf, pod, container_id="probe").code == 0
@@ -89,17 +91,22 @@ def test_kill_at_random_moments_60_runs_then_del_or_gc_restores_node(node_ns: No
     assert n.plugin("DEL", conf, pod, container_id="probe").code == 0
     rng = random.Random(20261130)
     outcomes = {"killed": 0, "finished": 0}
-    for i in range(60):
+    for i in range(120):
+        if outcomes["killed"] >= 50:
+            break
         pod = n.pod()
         cid = f"r{i}"
         proc = n.start("ADD", conf, pod, container_id=cid)
-        time.sleep(rng.uniform(0.3, 1.1) * full)
+        time.sleep(rng.uniform(0.05, 0.95) * full)
         proc.send_signal(signal.SIGKILL)
         res = finish(proc)
-        outcomes["killed" if res.code == -signal.SIGKILL else "finished"] += 1
+        killed = res.code == -signal.SIGKILL
+        outcomes["killed" if killed else "finished"] += 1
+        if not killed:
+            full *= 0.8
         # After kill -9, the runtime's answer is DEL; for a few runs the node heals by GC instead.
         cleanup(n, conf, pod if i % 2 else "", "gc" if i % 5 == 0 else "del", cid)
         assert n.snapshot() == before, (i, res.code)
         assert n.state_files() == [], i
         n.delete_pod(pod)
-    assert outcomes["killed"] >= 30, outcomes
+    assert outcomes["killed"] >= 50, outcomes
