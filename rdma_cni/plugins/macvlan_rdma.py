@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from rdma_cni.cni.errors import NO_RDMA_DEVICE, CniError
+from rdma_cni.cni.errors import NO_RDMA_DEVICE, RDMA_MODE_MISMATCH, CniError
 from rdma_cni.net import addresses
 from rdma_cni.net.netns import Netns, open_netns
 from rdma_cni.plugins.macvlan_config import MacvlanConfig
@@ -100,7 +100,21 @@ def attach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, ns: Netns, 
     if cfg.rdma.netns_mode == mode.EXCLUSIVE and not info["moved"]:
         info["moved"] = True  # recorded first: a crash right after the move must give it back
         save()
-        nldev.set_device_netns(info["device"], ns.fd)
+        _move_device(info["device"], ns.fd)
+
+
+def _move_device(device: str, netns_fd: int) -> None:
+    """Exclusive mode: the device must follow the pod; drivers that cannot (Soft-RoCE answers
+    EOPNOTSUPP, seen on the real kernel) make exclusive mode impossible on this node."""
+    try:
+        nldev.set_device_netns(device, netns_fd)
+    except OSError as exc:
+        raise CniError(
+            RDMA_MODE_MISMATCH,
+            f"cannot move RDMA device {device} into the pod netns ({exc.strerror or exc}): its driver "
+            "does not support exclusive mode; use rdma.netnsMode \"shared\" and "
+            "`rdma system set netns shared` (needs no other netns to exist)",
+        ) from exc
 
 
 def detach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, pod_ns: Netns | None) -> None:
