@@ -188,6 +188,11 @@ class NodeState:
         bucket = zlib.crc32(record_filename(att.container_id, att.ifname).encode()) % CLAIM_BUCKETS
         return os.open(os.path.join(claims, f"{bucket:02x}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
+    def sweep(self) -> None:
+        """Remove what an atomic write cut short by kill -9 left behind (under the node lock)."""
+        with self.locked():
+            pass  # locked() sweeps once it holds the lock
+
     def _sweep_temp_files(self) -> None:
         """Temp files of an atomic write cut short by kill -9. Only lock holders write here, and we
         hold the lock, so every temp file present now is an orphan."""

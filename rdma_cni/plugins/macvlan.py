@@ -273,6 +273,7 @@ class MacvlanPlugin:
                 if cfg.ipam is not None:
                     self._ipam_del(req, AttachmentRecord(req.container_id, req.ifname, req.netns, 0,
                                                          ipam=cfg.ipam))
+                state.sweep()  # an ADD killed while writing its write-ahead record left a temp file
                 return
             host = netlink_in(None)
             try:
