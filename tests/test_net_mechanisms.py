@@ -129,7 +129,7 @@ def test_kernel_gratuitous_arp_at_link_up_moves_the_peer_neighbour_to_the_new_ma
     ipr = netlink_in(ns)
     host, bond = _ns_ipr(n)
     links.create_macvlan(host, bond, ns.fd, "mvtest0", "bridge")
-    index = links.configure_link(ipr, "mvtest0", "net9", 1500, addrgen_off=True)
+    index = links.configure_link(ipr, "mvtest0", "net9", 1500, addrgen_off=True).index
     ipr.addr("add", index=index, address="198.51.100.2", prefixlen=28, family=socket.AF_INET)
     arm_arp_notify(ns, "net9")
     pod_sysctl = sh("ip", "netns", "exec", pod.name, "sysctl", "-n", "net.ipv4.conf.net9.arp_notify")

@@ -56,8 +56,8 @@ def _movable(rec: Record) -> bool:
 
 def snapshot(ipr: Any, index: int) -> list[Record]:
     """The link's movable addresses, in add order (see module doc)."""
-    recs = [rtnl.record("addr", m) for m in ipr.addr("dump", index=index)]
-    recs = [r for r in recs if r["index"] == index and _movable(r)]
+    recs = [rtnl.record("addr", m) for m in ipr.addr("dump", index=index) if m["index"] == index]
+    recs = [r for r in recs if _movable(r)]
     v4 = [r for r in recs if r["family"] == socket.AF_INET]
     v6 = [r for r in recs if r["family"] == socket.AF_INET6]
     return v4 + list(reversed(v6))

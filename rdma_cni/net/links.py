@@ -6,14 +6,14 @@ in the node netns under a name that could clash, and ~10x cheaper than add-then-
 
     host = netlink_in(None); pod = netlink_in(ns)
     create_macvlan(host, bond.index, ns.fd, "mvtmp1a2b", "bridge")
-    idx = configure_link(pod, "mvtmp1a2b", "bond0", mtu=1500, addrgen_off=True)
-    set_up(pod, idx)
+    link = configure_link(pod, "mvtmp1a2b", "bond0", mtu=1500, addrgen_off=True)
+    set_up(pod, link.index)
 """
 
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rdma_cni.net.rtnl import error_code
@@ -77,8 +77,9 @@ def create_macvlan(host: Any, parent_index: int, netns_fd: int, name: str, mode:
     host.link("add", **kwargs)
 
 
-def configure_link(pod: Any, temp_name: str, name: str, mtu: int, addrgen_off: bool) -> int:
-    """Rename, set MTU and (optionally) stop IPv6 address generation; the link stays down.
+def configure_link(pod: Any, temp_name: str, name: str, mtu: int, addrgen_off: bool) -> Link:
+    """Rename, set MTU and (optionally) stop IPv6 address generation, in one request; the link
+    stays down. Returns the link as it is now (its MAC is final: nothing here changes it).
 
     ``addrgen_off``: with no IPv6 address moving, a kernel-made link-local would become a RoCE GID
     and could take the slot the pod's IPv4 GID must land in (lab/vm FINDINGS, V6 vs V7).
@@ -86,16 +87,17 @@ def configure_link(pod: Any, temp_name: str, name: str, mtu: int, addrgen_off: b
     link = get_link(pod, temp_name)
     if link is None:
         raise OSError(errno.ENODEV, f"macvlan {temp_name} vanished from the pod netns")
-    pod.link("set", index=link.index, ifname=name, mtu=mtu)
     if addrgen_off:
         spec = {"attrs": [["AF_INET6", {"attrs": [["IFLA_INET6_ADDR_GEN_MODE", ADDR_GEN_MODE_NONE]]}]]}
         try:
-            pod.link("set", index=link.index, IFLA_AF_SPEC=spec)
+            pod.link("set", index=link.index, ifname=name, mtu=mtu, IFLA_AF_SPEC=spec)
+            return replace(link, name=name, mtu=mtu)
         except Exception as exc:
             # IPv6 disabled in the pod's kernel: then there is no link-local to worry about.
             if error_code(exc) not in (errno.EAFNOSUPPORT, errno.EOPNOTSUPP):
                 raise
-    return int(link.index)
+    pod.link("set", index=link.index, ifname=name, mtu=mtu)
+    return replace(link, name=name, mtu=mtu)
 
 
 def set_up(ipr: Any, index: int) -> None:

@@ -48,6 +48,8 @@ def snapshot_routes(ipr: Any, index: int, ips: Iterable[str]) -> list[Record]:
     out = []
     for family in (socket.AF_INET, socket.AF_INET6):
         for msg in ipr.route("dump", family=family):
+            if msg["table"] == RT_TABLE_LOCAL or msg["proto"] in (RTPROT_KERNEL, RTPROT_RA):
+                continue  # the header says enough: skip converting most of the dump (local/kernel)
             rec = rtnl.record("route", msg)
             if _uses(rec, index, ipset):
                 out.append(rec)

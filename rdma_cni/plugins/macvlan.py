@@ -85,13 +85,14 @@ class MacvlanPlugin:
                         req.ifname)
             self._forget(req, cfg, state, old, host, req.netns)
         self._reclaim_dead(req, cfg, state, host)
-        bonds = self._pick_bonds(req, cfg, state, host)
+        seen: dict[str, tuple[links.Link, list[dict[str, Any]]]] = {}
+        bonds = self._pick_bonds(req, cfg, state, host, seen)
         rec = AttachmentRecord(
             container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=ns.inode,
             cni_version=req.cni_version, network=req.name, ipam=cfg.ipam,
         )
         for i, bond in enumerate(bonds):
-            rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i))
+            rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
         macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
         macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: _put_locked(state, rec),
@@ -136,15 +137,21 @@ class MacvlanPlugin:
             ) from exc
         return self._result(req, rec)
 
-    def _pick_bonds(self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any) -> list[str]:
+    def _pick_bonds(
+        self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any,
+        seen: dict[str, tuple[links.Link, list[dict[str, Any]]]],
+    ) -> list[str]:
+        """``seen`` collects what was read of each usable bond, so planning need not ask again."""
         masters = self._masters(cfg)
 
         def usable(name: str) -> str:
             link = links.get_link(host, name)
             if link is None:
                 return "no such netdev on this node"
-            if cfg.ipam is None and not addresses.snapshot(host, link.index):
+            addrs = addresses.snapshot(host, link.index) if cfg.ipam is None else []
+            if cfg.ipam is None and not addrs:
                 return "it holds no IP address to move"
+            seen[name] = (link, addrs)
             return ""
 
         return choose_bonds(
@@ -165,9 +172,10 @@ class MacvlanPlugin:
         )
 
     def _plan_bond(
-        self, req: Request, cfg: MacvlanConfig, host: Any, pod: Any, bond: str, i: int
+        self, req: Request, cfg: MacvlanConfig, host: Any, pod: Any, bond: str, i: int,
+        seen: tuple[links.Link, list[dict[str, Any]]] | None,
     ) -> BondRecord:
-        link = links.get_link(host, bond)
+        link = seen[0] if seen else links.get_link(host, bond)
         if link is None:
             raise CniError(INVALID_CONFIG, f"master {bond} does not exist on this node: fix 'masters'")
         mtu = cfg.mtu or link.mtu
@@ -180,7 +188,8 @@ class MacvlanPlugin:
             raise CniError(INVALID_CONFIG, f"pod interface name {name!r} is longer than 15 characters")
         if links.get_link(pod, name) is not None:
             raise CniError(INVALID_ENV, f"interface {name} already exists in {req.netns}")
-        return tx.snapshot_bond(host, link, name, mtu, moves=cfg.ipam is None)
+        addrs = seen[1] if seen else None
+        return tx.snapshot_bond(host, link, name, mtu, moves=cfg.ipam is None, addrs=addrs)
 
     def _run_ipam(self, req: Request, cfg: MacvlanConfig, rec: AttachmentRecord, ctx: tx.AddContext) -> None:
         assert cfg.ipam is not None

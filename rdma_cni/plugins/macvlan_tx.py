@@ -83,9 +83,14 @@ def temp_name() -> str:
     return "mvtmp" + secrets.token_hex(4)
 
 
-def snapshot_bond(host: Any, bond: links.Link, pod_ifname: str, mtu: int, moves: bool) -> BondRecord:
-    """What write-ahead records for one bond: everything needed to give it back exactly."""
-    addrs = addresses.snapshot(host, bond.index) if moves else []
+def snapshot_bond(
+    host: Any, bond: links.Link, pod_ifname: str, mtu: int, moves: bool,
+    addrs: list[dict[str, Any]] | None = None,
+) -> BondRecord:
+    """What write-ahead records for one bond: everything needed to give it back exactly.
+    ``addrs``: the bond's address snapshot when it was just taken (under the same node lock)."""
+    if addrs is None or not moves:
+        addrs = addresses.snapshot(host, bond.index) if moves else []
     ips = [addresses.ip_of(a) for a in addrs]
     return BondRecord(
         bond=bond.name,
@@ -123,7 +128,8 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     links.create_macvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.mode, ctx.mac if i == 0 else "")
     ctx.fp.hit("link-created")
     step[0] = "configure pod interface"
-    index = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=not moving_v6)
+    pod_link = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=not moving_v6)
+    index = pod_link.index
     ctx.fp.hit("link-configured")
     step[0] = "remove addresses from the bond"
     addresses.remove(ctx.host, b.bond_index, b.addresses)
@@ -148,8 +154,7 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
         ctx.rdma_step(b, i)
     ctx.fp.hit("rdma-checked")
     step[0] = "announce the addresses"
-    link = links.get_link(ctx.pod, index=index)
-    b.mac = link.mac if link else ""
+    b.mac = pod_link.mac
     ips = [addresses.ip_of(a) for a in b.addresses] + [ip for ip, _ in ctx.extra_ips.get(i, [])]
     try:
         announce_ipv6(ctx.ns, index, b.mac, ips)  # IPv4 was announced by the kernel at link-up
