@@ -150,3 +150,26 @@ def test_kernel_gratuitous_arp_at_link_up_moves_the_peer_neighbour_to_the_new_ma
     ns.close()
     ipr.close()
     host.close()  # type: ignore[attr-defined]
+
+
+def test_netlink_in_skips_pyroute2s_package_init_yet_the_full_package_still_works() -> None:
+    """In a fresh interpreter: rtnetlink without conntrack/ndb/ipdb; ``pyroute2.X`` loads them on use."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from rdma_cni.net.netns import netlink_in
+ipr = netlink_in(None)
+assert ipr.link("dump"), "no links?"
+ipr.close()
+heavy = [m for m in ("pyroute2.ndb", "pyroute2.ipdb", "pyroute2.conntrack") if m in sys.modules]
+assert heavy == [], heavy
+from pyroute2 import config  # a submodule through the bare package
+import pyroute2
+assert pyroute2.IPRoute is not None and "pyroute2.ndb" in sys.modules  # the real __init__ ran
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    assert proc.stdout.strip() == "ok", proc.stderr

@@ -147,6 +147,9 @@ def entered(ns: Netns) -> Iterator[None]:
 
 def netlink_in(ns: Netns | None) -> Any:
     """An rtnetlink client (pyroute2 ``IPRoute``) bound to ``ns`` (None: the current netns)."""
+    from rdma_cni.net.rtnl import light_pyroute2
+
+    light_pyroute2()
     from pyroute2.iproute.linux import IPRoute
 
     if ns is None:

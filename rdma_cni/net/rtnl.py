@@ -9,6 +9,8 @@ labels), which is what "the host is identical after DEL" needs.
 from __future__ import annotations
 
 import errno
+import importlib.util
+import sys
 from typing import Any
 
 Record = dict[str, Any]
@@ -54,7 +56,36 @@ def attr(rec: Record, name: str, default: Any = None) -> Any:
     return default
 
 
+def light_pyroute2() -> None:
+    """Let ``pyroute2.<submodule>`` imports skip ``pyroute2/__init__``.
+
+    That ``__init__`` imports every subsystem (conntrack, ndb, ipdb, ethtool, nftables...): ~60 ms of
+    CPU of a cold plugin start that only needs rtnetlink. The package is registered as an empty
+    module over the real package dir, so submodules import as usual; touching any other attribute
+    of it (``pyroute2.IPRoute``) runs the real ``__init__`` then, so nothing else breaks. A no-op when
+    pyroute2 is already imported (the warm agent imports it fully).
+    """
+    if "pyroute2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return  # the normal import will fail loudly on its own
+    module = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def missing(name: str) -> Any:  # PEP 562: called only for names the module does not have
+        if not name.startswith("__") and importlib.util.find_spec(f"pyroute2.{name}") is not None:
+            return importlib.import_module(f"pyroute2.{name}")  # ``from pyroute2 import config``
+        del module.__getattr__
+        loader.exec_module(module)
+        return getattr(module, name)
+
+    module.__getattr__ = missing  # type: ignore[method-assign]
+    sys.modules["pyroute2"] = module
+
+
 def _message(kind: str, rec: Record) -> Any:
+    light_pyroute2()
     if kind == "addr":
         from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg as cls
     elif kind == "route":
