@@ -334,3 +334,54 @@ def test_background_thread_follows_moves_and_barrier_waits_for_it(lab: Lab) -> N
         assert lab.index(HOST_IP, ndev="net1") == 1
         assert Path(lab.root, "class/net/bond0/ifalias").read_text().startswith("sim-barrier-")
     assert node.errors == 0
+
+
+@pytest.mark.parametrize("event", ["carrier-up", "new-veth"])
+def test_background_thread_keeps_the_tables_at_link_events(lab: Lab, event: str) -> None:
+    """Regression: the thread once used a netlink client made in the caller's thread; pyroute2 then
+    opened a fresh socket in the thread's own netns (the host's), found no bonds there, and emptied
+    every GID table at the first link event. The tables must look exactly as they did before."""
+    from rdma_cni.sim.node import barrier, running
+
+    with running(lab.sim(bonds=2)) as node:
+        barrier(lab.node_path, lab.root)
+        before = table_snapshot(lab.root)
+        if event == "carrier-up":
+            ip("-n", lab.node, "link", "set", "peer0", "down")
+            barrier(lab.node_path, lab.root)
+            ip("-n", lab.node, "link", "set", "peer0", "up")
+        else:
+            ip("-n", lab.node, "link", "add", "h11x0", "type", "veth", "peer", "name", "h11x1")
+        barrier(lab.node_path, lab.root)
+        after = table_snapshot(lab.root)
+    assert [len(rows) for rows in before.values()] == [2, 2]
+    assert after == before
+    assert node.errors == 0
+
+
+def test_a_node_opened_in_one_thread_refuses_to_process_in_another(lab: Lab) -> None:
+    """pyroute2's sync client is per thread: used from another thread it silently talks to that
+    thread's netns. The node says so instead of reading the wrong namespace."""
+    import threading
+
+    seen: list[BaseException] = []
+
+    def other() -> None:
+        for call in (node.process, lambda: node.serve(threading.Event())):
+            try:
+                call()
+            except BaseException as e:  # noqa: BLE001 - inspected below
+                seen.append(e)
+
+    with lab.sim() as node:
+        node.process()
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+        assert not t.is_alive()  # serve() did not loop on a failure that repeats every round
+        ip("-n", lab.node, "link", "set", "peer0", "down")
+        node.process()
+        assert lab.index(HOST_IP) == 1
+    assert [type(e) for e in seen] == [RuntimeError, RuntimeError]
+    assert all("thread that did not open it" in str(e) for e in seen)
+    assert node.errors == 0

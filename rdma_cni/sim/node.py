@@ -112,10 +112,12 @@ class SimNode:
         self.node: Netns | None = None
         self.ipr: Any = None
         self.sock: socket.socket | None = None
+        self.thread: int | None = None  # the thread that opened it: the only one its netlink client serves
 
     # --- life cycle -------------------------------------------------------------------------------
     def open(self) -> SimNode:
-        self.node = open_netns(self.node_path or "/proc/self/ns/net")
+        self.thread = threading.get_ident()
+        self.node = open_netns(self.node_path or "/proc/thread-self/ns/net")  # netns is per thread
         self.ipr = netlink_in(self.node if self.node_path else None)
         with entered(self.node):
             self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, 0)
@@ -397,17 +399,32 @@ class SimNode:
         self.pods.pop(nsid, None)
 
     def process(self, timeout: float = 0.0) -> None:
-        """Wait up to ``timeout`` s for events, apply all queued ones in order, then scan pods."""
+        """Wait up to ``timeout`` s for events, apply all queued ones in order, then scan pods.
+
+        Only in the thread that opened the node: pyroute2's sync client keeps its socket per thread,
+        and from another thread it would silently open a new one in *that* thread's netns (the
+        host's), find no bonds there and empty every GID table at the next link event.
+        """
         assert self.sock is not None
+        self._check_thread()
         if timeout > 0:
             select.select([self.sock], [], [], timeout)
         for nsid, msg in self._recv():
             self._apply(nsid, msg)
         self.scan_pods()
 
+    def _check_thread(self) -> None:
+        if self.thread != threading.get_ident():
+            raise RuntimeError(
+                "the simulated RDMA node is used from a thread that did not open it; "
+                "open it in the thread that serves it (see running())"
+            )
+
     def serve(self, stop: threading.Event, interval: float = 0.02) -> None:
         """Process until ``stop``. A failure is logged with its traceback and counted in ``errors``
-        (tests assert it stays 0) rather than ending the node under a running test."""
+        (tests assert it stays 0) rather than ending the node under a running test; being in the
+        wrong thread is raised at once (every round would fail the same way)."""
+        self._check_thread()
         while not stop.is_set():
             try:
                 self.process(interval)
@@ -452,7 +469,7 @@ def watched(node_netns: str | None, pod_netns: str) -> bool:
     """True once events of ``pod_netns`` reach the node's listener (the node netns has an nsid for it;
     a running SimNode gives one to every pod netns it finds). Tests wait for this after creating a
     pod netns, before the plugin runs: a move made earlier is read as a snapshot, not in order."""
-    with open_netns(pod_netns) as pod, open_netns(node_netns or "/proc/self/ns/net") as node:
+    with open_netns(pod_netns) as pod, open_netns(node_netns or "/proc/thread-self/ns/net") as node:
         ipr = netlink_in(node if node_netns else None)
         try:
             got = ipr.get_netnsid(fd=pod.fd) or {}
