@@ -3,6 +3,8 @@ behind — also when interrupted (Ctrl-C) or killed (the next run sweeps what a 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -100,22 +102,79 @@ def test_ctrl_c_in_the_middle_removes_everything() -> None:
     assert leftovers(pid) == []
 
 
+def _set_subreaper(on: bool) -> None:
+    """PR_SET_CHILD_SUBREAPER: orphans of our descendants become our children, not PID 1's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _group(pgid: int) -> list[int]:
+    """Pids of the processes in process group ``pgid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                found.append(int(entry.name))
+    return found
+
+
 def test_a_killed_run_is_swept_by_the_next_one() -> None:
+    """The killed run's python is kept a zombie (unreaped, /proc entry present) while the next run
+    sweeps: as when PID 1 reaps orphans late. The sweep must still treat it as dead."""
     _skip_unless_possible()
-    proc = start()
+    _set_subreaper(True)  # the orphaned python becomes our child: we decide when it is reaped
+    orphans: list[int] = []
     try:
-        read_until(proc, "=== 3.")
-        pid = demo_pid(proc)
+        proc = start()
+        try:
+            read_until(proc, "=== 3.")
+            pid = demo_pid(proc)
+        finally:
+            orphans = [p for p in _group(proc.pid) if p != proc.pid]
+            # bash first: reaped by us, so it cannot reap python as it dies; python, now our child,
+            # then stays a zombie until we reap it
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up
+        assert leftovers(pid), "a kill -9 leaves the namespaces behind"
+        assert pid in orphans
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the killed demo never became a zombie"
+            time.sleep(0.01)
+        again = subprocess.run(DEMO, capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+        assert os.path.exists(f"/proc/{pid}"), "still a zombie during the second run"
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert leftovers(pid) == []
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # no chance to clean up
-        proc.wait()
-    assert leftovers(pid), "a kill -9 leaves the namespaces behind"
-    # The python child is reparented to PID 1, which may reap it a second later (this sandbox's init
-    # does): until then it is a zombie with a /proc entry, and the sweep rightly keeps a live pid's
-    # namespaces. Wait for it, as a next run after a real kill -9 would find it gone.
-    deadline = time.monotonic() + 60
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    again = subprocess.run(DEMO, capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
-    assert again.returncode == 0, again.stdout[-3000:]
-    assert leftovers(pid) == []
+        _set_subreaper(False)
+        for orphan in orphans:  # reap exactly the killed run's processes, nothing else of ours
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(orphan, 0)
+
+
+def test_a_zombie_or_missing_pid_counts_as_dead_a_running_one_as_alive() -> None:
+    """The sweep's liveness test on real processes: a child that exited but is not reaped yet
+    (state Z, /proc entry still there) is dead; so is a pid that no longer exists."""
+    from rdma_cni.cli.demo import process_alive
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the killed child never became a zombie"
+            time.sleep(0.01)
+        assert os.path.exists(f"/proc/{child.pid}")  # not reaped: exactly what the sweep meets
+        assert not process_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert not process_alive(child.pid)
+    assert process_alive(os.getpid())

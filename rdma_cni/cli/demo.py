@@ -91,15 +91,31 @@ def run(
     return proc
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. A killed process keeps its /proc entry as a zombie (state Z, or X
+    while being reaped) until its parent - PID 1 once orphaned, which may take a while - reaps it;
+    it will never clean up again, so it counts as dead."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    state = stat.rpartition(")")[2].split()[:1]  # comm may hold spaces and ")": state follows the last one
+    return state not in (["Z"], ["X"], [])
+
+
+def _dead_run(name: str) -> bool:
+    pid = name.removeprefix(PREFIX).split("-")[0]
+    return name.startswith(PREFIX) and pid.isdigit() and not process_alive(int(pid))
+
+
 def sweep_leftovers() -> None:
     """Remove namespaces and dirs of earlier demo runs whose process is gone (kill -9, power loss)."""
     for name in sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []:
-        pid = name.removeprefix(PREFIX).split("-")[0]
-        if name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if _dead_run(name):
             run("ip", "netns", "del", name, check=False)
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
-        pid = path.name.removeprefix(PREFIX).split("-")[0]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if _dead_run(path.name):
             shutil.rmtree(path, ignore_errors=True)
 
 
