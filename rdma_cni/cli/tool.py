@@ -204,17 +204,55 @@ def status(ctx: click.Context, network: str, netns: str | None) -> None:
 def gc(ctx: click.Context, network: str, netns: str | None, all_stale: bool) -> None:
     """Delete NETWORK's cached attachments whose netns is gone, then send GC to its plugins.
 
+    \b
+    An attachment is stale when its netns is no longer a network namespace. Caches written by
+    libcni < 1.2 (Debian's cnitool, containerd 1.6) record no netns; then:
+      - the netns its plugins reported (result interfaces[].sandbox) decides;
+      - else a cnitool container ID (cnitool-<hash of the netns path>) is stale when no
+        existing netns path (bind mount or /proc/<pid>/ns/net) hashes to it;
+      - else liveness is unknown: the attachment is KEPT and counted on stderr, since a
+        guess could tear down a live pod. Remove such entries with `cni-tool del` or --all.
+
     NETNS is accepted for compatibility with upstream cnitool, which ignores it too.
     """
+    from rdma_cni.cli.tool_gc import judge, netns_paths
+
     runtime, net = _runtime(ctx), _load(network)
+    ids: list[frozenset[str]] = []
+
+    def live_ids() -> frozenset[str]:
+        if not ids:
+            ids.append(frozenset(container_id_for(p) for p in netns_paths()))
+        return ids[0]
+
+    why: dict[tuple[str, str], str] = {}
+    unknown: list[CacheEntry] = []
 
     def valid(entry: CacheEntry) -> bool:
-        return not all_stale and (not entry.netns or _is_netns(entry.netns))
+        if all_stale:
+            why[entry.container_id, entry.ifname] = "--all"
+            return False
+        verdict = judge(entry, _is_netns, live_ids)
+        why[entry.container_id, entry.ifname] = verdict.why
+        if verdict.live is None:
+            unknown.append(entry)
+            return True
+        return verdict.live
 
     report = _guard(lambda: runtime.gc(net, valid), f"gc {network}")
     for entry in report.deleted:
+        reason = why[entry.container_id, entry.ifname]
+        click.echo(f"deleted stale attachment {entry.container_id} {entry.ifname} ({reason})")
+    for entry in unknown:
+        reason = why[entry.container_id, entry.ifname]
+        click.echo(f"kept attachment {entry.container_id} {entry.ifname}: liveness unknown ({reason})")
+    if unknown:
         click.echo(
-            f"deleted stale attachment {entry.container_id} {entry.ifname} (netns {entry.netns or '?'})"
+            f"cni-tool: kept {len(unknown)} attachment(s) of {network} whose cache entry records no "
+            "netns (written by libcni < 1.2) and that no sandbox or cnitool ID ties to one; if their "
+            f"pods are gone, remove them with `cni-tool del {network} NETNS --ifname IFNAME` "
+            f"or `cni-tool gc {network} --all`",
+            err=True,
         )
     for entry, err in report.failed:
         click.echo(f"cni-tool: could not delete {entry.container_id} {entry.ifname}: {err.msg}", err=True)
