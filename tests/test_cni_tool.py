@@ -41,7 +41,8 @@ if conf.get("failOn") == cmd:
 if cmd == "ADD":
     prev = conf.get("prevResult") or {{"cniVersion": conf["cniVersion"], "dns": {{}}}}
     res = dict(prev)
-    res["interfaces"] = list(prev.get("interfaces", [])) + [{{"name": me, "sandbox": env["CNI_NETNS"]}}]
+    iface = {{"name": me}} if conf.get("noSandbox") else {{"name": me, "sandbox": env["CNI_NETNS"]}}
+    res["interfaces"] = list(prev.get("interfaces", [])) + [iface]
     if me == "rec-a":
         res["ips"] = [{{"interface": 0, "address": "198.51.100.7/24"}}]
     print(json.dumps(res))
@@ -550,3 +551,57 @@ def test_gc_keeps_a_cnitool_attachment_whose_netns_is_a_running_process(env: Env
 def test_gc_help_says_what_happens_to_entries_without_netns(env: Env) -> None:
     res = env.run("gc", "--help")
     assert "libcni < 1.2" in res.stdout and "KEPT" in res.stdout and "--all" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def upstream_cnitool() -> str:
+    """Upstream cnitool built from Debian's libcni 1.1.2 source (scripts/build-cnitool, cached)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network and mount namespaces")
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [str(repo / "scripts" / "build-cnitool")], capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"upstream cnitool cannot be built here: {proc.stderr.strip()[-400:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_gc_collects_what_real_cnitool_added_once_its_netns_is_gone(
+    env: Env, upstream_cnitool: str, live_netns: str
+) -> None:
+    """The real case: Debian's cnitool ADDs (its cache has no netns, the plugin reports no sandbox),
+    the netns of one pod is deleted, ``cni-tool gc`` DELs that one and keeps the other."""
+    import subprocess
+    import uuid
+
+    env.write_list([{"type": "rec-a", "noSandbox": True}], version="1.0.0")  # libcni 1.1.2's newest
+    doomed = f"h11-gc-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", doomed], check=True, capture_output=True)
+    try:
+        for name in (live_netns, doomed):
+            # cnitool's cache dir is libcni's fixed /var/lib/cni: give it ours in a private mount ns
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+            cmd += ['mount --bind "$1" /var/lib/cni && shift && exec "$@"', "sh", str(env.cache)]
+            cmd += [upstream_cnitool, "add", "h1chain", f"/var/run/netns/{name}"]
+            full = {**os.environ, "NETCONFPATH": str(env.netconf), "CNI_PATH": str(env.bin)}
+            full.update(H1_LOG=str(env.log), CNI_ARGS="", CAP_ARGS="")
+            env.cache.mkdir(exist_ok=True)
+            os.makedirs("/var/lib/cni", exist_ok=True)
+            proc = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+    finally:
+        subprocess.run(["ip", "netns", "del", doomed], check=False, capture_output=True)
+    files = sorted((env.cache / "results").iterdir())
+    assert len(files) == 2 and all("netns" not in json.loads(f.read_text()) for f in files)
+    env.calls()
+    res = env.run("gc", "h1chain")
+    assert res.exit_code == 0, res.output
+    gone_id = container_id_for(f"/var/run/netns/{doomed}")
+    assert f"deleted stale attachment {gone_id} eth0" in res.stdout
+    dels = [c["env"]["CNI_CONTAINERID"] for c in env.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
+    assert dels == [gone_id]
+    kept = [e.container_id for e in ResultCache(str(env.cache)).entries()]
+    assert kept == [container_id_for(f"/var/run/netns/{live_netns}")]
