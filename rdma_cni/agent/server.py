@@ -1,15 +1,19 @@
 """The agent's main loop: own the socket, keep forked workers ready (one call each), reap, reconcile.
 
 The parent stays single-threaded and holds no sockets but the listening one, so a fork copies only
-imported modules; ``gc.freeze()`` after the warm-up keeps those pages shared between workers.
+imported modules; ``gc.freeze()`` after the warm-up keeps those pages shared between workers. An idle
+worker then takes its own copy of those shared pages (``prefault``) while it waits, so the call
+itself does not pay the copy-on-write faults.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import gc
 import logging
 import os
+import select
 import selectors
 import signal
 import socket
@@ -18,13 +22,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rdma_cni.agent import namespaces, worker
+from rdma_cni.agent import namespaces, prefault, worker
 from rdma_cni.agent.plugins import Registry
 
 log = logging.getLogger("rdma-agent")
 
 MAX_WORKERS = 32  # beyond this a call is refused and runs in-process: the node is overloaded anyway
 PREFORK = 2  # idle workers kept ready; more only cost memory (each is a copy-on-write fork)
+# A prefaulted worker holds a private copy of the agent's writable pages (~30 MiB) for its call; with
+# this many calls already running a new idle worker stays shared, which bounds the memory of a burst
+# (and its CPU: the copying competes with the running calls).
+PREFAULT_BUSY_LIMIT = 6
 WARM_MODULES = (
     "rdma_cni.cni.dispatch",
     "rdma_cni.plugins.macvlan",
@@ -42,6 +50,7 @@ class AgentConfig:
     reconcile_interval: float = 60.0  # 0: only once at start; <0: never
     max_workers: int = MAX_WORKERS
     prefork: int = PREFORK
+    prefault: bool = True  # idle workers take their copy-on-write faults before a call (prefault.py)
     targets: dict[str, str] | None = None
 
 
@@ -83,6 +92,7 @@ class Agent:
                 log.info("warm-up: %s not importable (%s)", name, exc)
         served = self.registry.preload()
         namespaces.warm()
+        prefault.warm()
         self.anchors = namespaces.code_anchors()
         gc.collect()
         gc.freeze()
@@ -170,13 +180,17 @@ class Agent:
     def top_up(self) -> None:
         cfg = self.config
         while len(self.idle) < cfg.prefork and len(self.idle) + len(self.busy) < cfg.max_workers:
-            self.idle.add(self._fork(self._wait_for_call, die_with_parent=True))
+            warm = cfg.prefault and len(self.busy) < PREFAULT_BUSY_LIMIT
+            self.idle.add(self._fork(functools.partial(self._wait_for_call, warm), die_with_parent=True))
 
-    def _wait_for_call(self) -> None:
+    def _wait_for_call(self, warm: bool = False) -> None:
         """An idle worker: take one connection, tell the parent, serve it. Dies with the parent while
         idle (a killed agent must not leave workers accepting), never once it holds a call."""
         assert self._listener is not None
         os.close(self._events[0])
+        if warm:
+            listener = self._listener
+            prefault.populate(stop=lambda: _readable(listener))
         conn, _ = self._listener.accept()
         namespaces.die_with_parent(False)
         os.write(self._events[1], struct.pack("!I", os.getpid()))
@@ -271,6 +285,11 @@ def _socket_inode(path: str) -> int | None:
         return os.stat(path).st_ino
     except OSError:
         return None
+
+
+def _readable(sock: socket.socket) -> bool:
+    """A connection waits in the backlog."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _drain(fd: int) -> None:

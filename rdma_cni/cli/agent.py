@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--max-workers", type=int, default=32, help="calls served at once; more run in-process")
     ap.add_argument("--prefork", type=int, default=2, help="idle workers kept ready for the next call")
+    ap.add_argument(
+        "--no-prefault",
+        dest="prefault",
+        action="store_false",
+        help="idle workers do not take their copy-on-write faults ahead of a call (less memory, "
+        "slower calls)",
+    )
     ap.add_argument("--log-file", default="")
     ap.add_argument("--log-level", default="info")
     ap.add_argument(
@@ -109,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         reconcile_interval=args.reconcile_interval,
         max_workers=args.max_workers,
         prefork=args.prefork,
+        prefault=args.prefault,
         targets=targets,
     )
     agent = Agent(config)
