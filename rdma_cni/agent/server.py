@@ -29,9 +29,11 @@ log = logging.getLogger("rdma-agent")
 
 MAX_WORKERS = 32  # beyond this a call is refused and runs in-process: the node is overloaded anyway
 PREFORK = 2  # idle workers kept ready; more only cost memory (each is a copy-on-write fork)
-# A prefaulted worker holds a private copy of the agent's writable pages (~30 MiB) for its call; with
-# this many calls already running a new idle worker stays shared, which bounds the memory of a burst
-# (and its CPU: the copying competes with the running calls).
+# A prefaulted worker holds a private copy of the agent's writable pages (~30 MiB) for its call, an
+# unprefaulted one ~7.5 MiB; with this many calls already running a new idle worker stays shared, so
+# at most PREFAULT_BUSY_LIMIT + PREFORK workers are prefaulted (32 calls at once: ~480 MiB, seed limit
+# 500Mi). Not lower: in sequential pod starts the previous call's worker is often not yet reaped, and
+# limits of 2 and 4 measured smaller gains (ADD -0.5 and -1.4 ms against -2 ms here).
 PREFAULT_BUSY_LIMIT = 6
 # An idle worker waits this long for a call before it prefaults: in a burst of back-to-back calls
 # the copying would only take CPU from the calls it is meant to speed up.
