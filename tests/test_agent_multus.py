@@ -59,10 +59,7 @@ def node(tmp_path: Path) -> Iterator[H7Node]:
         )
         for name in ("rdma-macvlan", "rdma-multus"):
             (n.bin_dir / name).symlink_to("rdma-cni-client")
-        n.network("tke-rdma-macvlan", {"plugins": [{
-            "type": "rdma-macvlan", "masters": ["bond0", "bond1"], "resourceName": RESOURCE,
-            "rdma": {"required": False}, "dataDir": str(tmp_path / "rm-state"),
-            "runDir": str(tmp_path / "rm-run"), "logFile": str(tmp_path / "rdma-macvlan.log")}]})  # fmt: skip
+        n.rdma_macvlan_network(tmp_path)
         yield n
     finally:
         n.down()
@@ -70,12 +67,8 @@ def node(tmp_path: Path) -> Iterator[H7Node]:
 
 @pytest.fixture
 def api(node: H7Node, pki: Pki) -> Iterator[KubeServer]:
-    server = KubeServer(pki, netns=node.name)
-    server.start()
-    try:
+    with KubeServer(pki, netns=node.name) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

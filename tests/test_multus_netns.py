@@ -143,6 +143,13 @@ class Node:
             json.dumps({"cniVersion": version, "name": name, **body})
         )
 
+    def rdma_macvlan_network(self, tmp: Path) -> None:
+        """The seed's tke-rdma-macvlan delegate on this node's two veth bonds (no RDMA here)."""
+        self.network("tke-rdma-macvlan", {"plugins": [{
+            "type": "rdma-macvlan", "masters": ["bond0", "bond1"], "resourceName": RESOURCE,
+            "rdma": {"required": False}, "dataDir": str(tmp / "rm-state"),
+            "runDir": str(tmp / "rm-run"), "logFile": str(tmp / "rdma-macvlan.log")}]})  # fmt: skip
+
     def pod_netns(self) -> str:
         name = f"h5-pod-{self.tag}-{len(self.pods)}"
         sh("ip", "netns", "add", name)
@@ -230,12 +237,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 @pytest.fixture
 def api(node: Node, pki: Pki) -> Iterator[KubeServer]:
-    server = KubeServer(pki, netns=node.name)
-    server.start()
-    try:
+    with KubeServer(pki, netns=node.name) as server:
         yield server
-    finally:
-        server.stop()
 
 
 CLEAN_NODE = {"node_links": {"lo", "bond0"}, "ipam": [], "cache": []}

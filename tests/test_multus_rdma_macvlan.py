@@ -38,10 +38,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
         wrapper = n.bin_dir / "rdma-macvlan"
         wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -m rdma_cni.cli.macvlan\n")
         wrapper.chmod(0o755)
-        n.network("tke-rdma-macvlan", {"plugins": [{
-            "type": "rdma-macvlan", "masters": ["bond0", "bond1"], "resourceName": RESOURCE,
-            "rdma": {"required": False}, "dataDir": str(tmp_path / "rm-state"),
-            "runDir": str(tmp_path / "rm-run"), "logFile": str(tmp_path / "rdma-macvlan.log")}]})  # fmt: skip
+        n.rdma_macvlan_network(tmp_path)
         yield n
     finally:
         n.down()
@@ -49,12 +46,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 @pytest.fixture
 def api(node: Node, pki: Pki) -> Iterator[KubeServer]:
-    server = KubeServer(pki, netns=node.name)
-    server.start()
-    try:
+    with KubeServer(pki, netns=node.name) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def host_addresses(node: Node) -> dict[str, list[str]]:
