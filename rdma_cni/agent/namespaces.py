@@ -12,30 +12,13 @@ import ctypes
 import os
 import sys
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-
-_libc: ctypes.CDLL | None = None
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def enter(fd: int, nstype: int) -> None:
-    """Join the namespace behind ``fd``; the kernel refuses an fd of another namespace type."""
-    if _c().setns(fd, nstype) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns({nstype:#x}): {os.strerror(err)}")
+from rdma_cni.net.netns import CLONE_NEWNET, CLONE_NEWNS, libc, setns
 
 
 def enter_caller(net_fd: int, mnt_fd: int) -> None:
     """Network first: joining the mount namespace changes nothing the netns join depends on."""
-    enter(net_fd, CLONE_NEWNET)
-    enter(mnt_fd, CLONE_NEWNS)
+    setns(net_fd, CLONE_NEWNET)
+    setns(mnt_fd, CLONE_NEWNS)
     os.chdir("/")  # the old cwd belongs to the agent's mount namespace
 
 
@@ -79,11 +62,11 @@ def die_with_parent(on: bool) -> None:
     """Arm (SIGKILL) or disarm the signal the kernel sends this process when its parent dies."""
     import signal
 
-    if _c().prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL) if on else 0, 0, 0, 0) != 0:
+    if libc().prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL) if on else 0, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
 
 
 def warm() -> None:
     """Load libc in the parent so no worker pays for it."""
-    _c()
+    libc()

@@ -19,6 +19,8 @@ import os
 from collections.abc import Callable
 from typing import cast
 
+from rdma_cni.net.netns import libc
+
 MADV_POPULATE_WRITE = 23
 CHUNK = 64  # pages per advice (~0.1 ms of copying): how late a waiting call is noticed at most
 # Kernel-provided mappings: not ordinary memory, nothing to copy.
@@ -30,7 +32,7 @@ _madvise: Callable[[int, int, int], int] | None = None
 def _libc_madvise() -> Callable[[int, int, int], int]:
     global _madvise
     if _madvise is None:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
+        fn = libc().madvise
         fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         fn.restype = ctypes.c_int
         _madvise = cast(Callable[[int, int, int], int], fn)

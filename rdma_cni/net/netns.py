@@ -25,13 +25,15 @@ from rdma_cni.cni.errors import INVALID_ENV, CniError
 
 NSFS_MAGIC = 0x6E736673
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
 NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3)
 _STATFS_SIZE = 256  # generous: struct statfs is 120 bytes on x86_64/aarch64; f_type is the first long
 
 _libc: ctypes.CDLL | None = None
 
 
-def _c() -> ctypes.CDLL:
+def libc() -> ctypes.CDLL:
+    """The C library, loaded once, with errno kept (the syscalls Python 3.11 lacks: setns, fstatfs)."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -67,7 +69,7 @@ class Netns:
 
 def fs_magic(fd: int) -> int:
     buf = ctypes.create_string_buffer(_STATFS_SIZE)
-    if _c().fstatfs(fd, buf) != 0:
+    if libc().fstatfs(fd, buf) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
@@ -118,10 +120,12 @@ def current_inode() -> int:
     return os.stat("/proc/thread-self/ns/net").st_ino
 
 
-def _setns(fd: int) -> None:
-    if _c().setns(fd, CLONE_NEWNET) != 0:
+def setns(fd: int, nstype: int = CLONE_NEWNET) -> None:
+    """Move the calling thread into the namespace behind ``fd``; the kernel refuses an fd of
+    another namespace type (``nstype``), so a wrong path can never be joined by accident."""
+    if libc().setns(fd, nstype) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
+        raise OSError(err, f"setns({nstype:#x}): {os.strerror(err)}")
 
 
 @contextmanager
@@ -133,12 +137,12 @@ def entered(ns: Netns) -> Iterator[None]:
     """
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _setns(ns.fd)
+        setns(ns.fd)
         try:
             yield
         finally:
             try:
-                _setns(home)
+                setns(home)
             except OSError as exc:  # pragma: no cover - kernel refused to return us home
                 raise RuntimeError(f"cannot return to the node netns: {exc}") from exc
     finally:

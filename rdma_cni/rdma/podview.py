@@ -20,9 +20,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from rdma_cni.net.netns import CLONE_NEWNET, open_netns
+from rdma_cni.net.netns import CLONE_NEWNS, libc, open_netns, setns
 
-CLONE_NEWNS = 0x00020000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 LIVE_SYSFS = "/sys"
@@ -35,11 +34,10 @@ def _check(rc: int, what: str) -> None:
 
 
 def _enter_and_mount(netns_fd: int, mountpoint: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    _check(libc.setns(netns_fd, CLONE_NEWNET), "setns")
-    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-    _check(libc.mount(b"sysfs", mountpoint.encode(), b"sysfs", 0, None), "mount sysfs")
+    setns(netns_fd)
+    _check(libc().unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(libc().mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    _check(libc().mount(b"sysfs", mountpoint.encode(), b"sysfs", 0, None), "mount sysfs")
 
 
 def _child(netns_fd: int, sysfs_root: str, reader: Callable[[str], Any], mountpoint: str, wfd: int) -> None:
@@ -49,8 +47,7 @@ def _child(netns_fd: int, sysfs_root: str, reader: Callable[[str], Any], mountpo
             _enter_and_mount(netns_fd, mountpoint)
             root = mountpoint
         else:  # a simulated tree is the same from every netns: enter only, for what the reader does
-            libc = ctypes.CDLL(None, use_errno=True)
-            _check(libc.setns(netns_fd, CLONE_NEWNET), "setns")
+            setns(netns_fd)
         out = {"ok": reader(root)}
     except Exception as e:  # noqa: BLE001 - everything goes back to the parent as text
         out = {"error": f"{type(e).__name__}: {e}"}
