@@ -6,8 +6,6 @@ lazily so VERSION and malformed requests never load pyroute2 or pydantic.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping
 
 from rdma_cni.cni.plugin import Plugin, PluginSpec
@@ -32,16 +30,9 @@ def run(env: Mapping[str, str], stdin: bytes) -> tuple[str, int]:
 
 
 def main() -> None:
-    from rdma_cni.agent.client import try_agent  # warm path first: stdlib only
-    if (answer := try_agent(SPEC.name)) is not None:
-        sys.exit(answer)
-    env = dict(os.environ)
-    stdin = sys.stdin.buffer.read() if env.get("CNI_COMMAND") else b""
-    stdout, code = run(env, stdin)
-    if stdout:
-        sys.stdout.write(stdout)
-        sys.stdout.flush()
-    sys.exit(code)
+    from rdma_cni.cli.plugin_main import serve
+
+    serve(SPEC)
 
 
 if __name__ == "__main__":
