@@ -367,6 +367,51 @@ def test_worker_killed_mid_repeatable_call_falls_back(
     assert box == [None]
 
 
+def live_children(pid: int) -> set[int]:
+    return {child for child in children_of(pid) if not is_zombie(child)}
+
+
+def wait_for_children(pid: int, count: int, timeout: float = 20.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while len(found := live_children(pid)) != count:
+        assert time.monotonic() < deadline, f"agent has {len(found)} live workers, expected {count}"
+        time.sleep(0.02)
+    return found
+
+
+def test_refill_waits_for_the_running_call_but_one_idle_worker_is_always_ready(
+    agent: RunningAgent, tmp_path: Path
+) -> None:
+    """While a call runs the agent keeps one idle worker, not PREFORK (the refill's fork and
+    prefault would compete with the call for the CPUs); a second call still finds one at once,
+    and once the calls are done the idle workers are PREFORK again."""
+    idle = wait_for_children(agent.pid, 2)
+    started1, started2 = tmp_path / "started1.json", tmp_path / "started2.json"
+    slow1 = probe_conf(sleep=3, startedFile=str(started1))
+    first, box1 = forward_in_thread(agent.sock, cni_env("ADD"), slow1)
+    busy1 = int(str(read_json(started1)["pid"]))
+    assert busy1 in idle
+    # The parent has seen the call when its worker's event is read; from then on it must not fork
+    # a second spare. Watch for a while: the old refill forked within milliseconds.
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert len(live_children(agent.pid)) == 2, "a second idle worker was forked during the call"
+        time.sleep(0.01)
+    slow2 = probe_conf(sleep=2, startedFile=str(started2))
+    second, box2 = forward_in_thread(agent.sock, cni_env("DEL"), slow2)
+    busy2 = int(str(read_json(started2)["pid"]))
+    assert busy2 in idle and busy2 != busy1
+    # The last idle worker was taken: one is forked at once although both calls still run.
+    spare = wait_for_children(agent.pid, 3) - {busy1, busy2}
+    assert len(spare) == 1
+    answer = client.forward("probe", cni_env("CHECK"), probe_conf(), path=agent.sock)
+    assert answer is not None and answer.code == 0
+    first.join(30)
+    second.join(30)
+    assert [type(box1[0]), type(box2[0])] == [client.Answer, client.Answer]
+    wait_for_children(agent.pid, 2)
+
+
 def test_client_that_gives_up_before_go_never_has_the_call_run(agent: RunningAgent, tmp_path: Path) -> None:
     marker = tmp_path / "ran.json"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
