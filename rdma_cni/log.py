@@ -17,7 +17,8 @@ _configured: set[str] = set()
 
 def configure(log_file: str = "", level: str = "info", stderr_level: str = "warning") -> None:
     root = logging.getLogger("rdma_cni")
-    root.setLevel(logging.DEBUG)
+    if root.level != logging.DEBUG:  # setLevel walks every logger in the process to clear caches
+        root.setLevel(logging.DEBUG)
     root.propagate = False
     if "stderr" not in _configured:
         handler = logging.StreamHandler(sys.stderr)
@@ -28,7 +29,7 @@ def configure(log_file: str = "", level: str = "info", stderr_level: str = "warn
     if log_file and log_file not in _configured:
         try:
             os.makedirs(os.path.dirname(log_file) or ".", mode=0o700, exist_ok=True)
-            file_handler = logging.FileHandler(log_file)
+            file_handler = logging.FileHandler(log_file, delay=True)  # opened by the first record
         except OSError as exc:
             sys.stderr.write(f"rdma-cni: cannot open log file {log_file}: {exc}\n")
             return

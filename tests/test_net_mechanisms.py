@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 
 import pytest
 from netns import Node, sh
 
-from rdma_cni.net import addresses, links, routes
+from rdma_cni.net import addresses, links, routes, rtnl
 from rdma_cni.net.announce import arm_arp_notify
 from rdma_cni.net.netns import NetnsUnavailable, current_inode, netlink_in, open_netns
 
@@ -130,7 +129,7 @@ def test_kernel_gratuitous_arp_at_link_up_moves_the_peer_neighbour_to_the_new_ma
     host, bond = _ns_ipr(n)
     links.create_macvlan(host, bond, ns.fd, "mvtest0", "bridge")
     index = links.configure_link(ipr, "mvtest0", "net9", 1500, addrgen_off=True).index
-    ipr.addr("add", index=index, address="198.51.100.2", prefixlen=28, family=socket.AF_INET)
+    rtnl.create(ipr, "addr", addresses.address_record(index, "198.51.100.2", 28))
     arm_arp_notify(ns, "net9")
     pod_sysctl = sh("ip", "netns", "exec", pod.name, "sysctl", "-n", "net.ipv4.conf.net9.arp_notify")
     assert pod_sysctl.stdout.strip() == "1"
@@ -152,18 +151,23 @@ def test_kernel_gratuitous_arp_at_link_up_moves_the_peer_neighbour_to_the_new_ma
     host.close()  # type: ignore[attr-defined]
 
 
-def test_netlink_in_skips_pyroute2s_package_init_yet_the_full_package_still_works() -> None:
-    """In a fresh interpreter: rtnetlink without conntrack/ndb/ipdb; ``pyroute2.X`` loads them on use."""
+def test_the_plugin_path_imports_no_pyroute2_machinery_yet_the_full_package_still_works() -> None:
+    """In a fresh interpreter: links and addresses read without pyroute2's IPRoute, asyncio or its
+    package ``__init__`` (conntrack/ndb/ipdb); ``pyroute2.X`` still loads them on use."""
     import subprocess
     import sys
 
     code = """
 import sys
+from rdma_cni.net import addresses, links
 from rdma_cni.net.netns import netlink_in
 ipr = netlink_in(None)
-assert ipr.link("dump"), "no links?"
+lo = links.get_link(ipr, "lo")
+assert lo is not None and lo.index == 1, lo
+assert "127.0.0.1/8" in addresses.live_cidrs(ipr, lo.index)
 ipr.close()
-heavy = [m for m in ("pyroute2.ndb", "pyroute2.ipdb", "pyroute2.conntrack") if m in sys.modules]
+heavy = [m for m in ("asyncio", "pyroute2.iproute", "pyroute2.ndb", "pyroute2.ipdb", "pyroute2.conntrack")
+         if m in sys.modules]
 assert heavy == [], heavy
 from pyroute2 import config  # a submodule through the bare package
 import pyroute2

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Any
 
 from rdma_cni.net import rtnl
+from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.rtnl import Record, attr
 
 IFA_F_SECONDARY = 0x01
@@ -54,17 +54,17 @@ def _movable(rec: Record) -> bool:
     return rec["scope"] != RT_SCOPE_LINK and bool(_flags(rec) & IFA_F_PERMANENT)
 
 
-def snapshot(ipr: Any, index: int) -> list[Record]:
+def snapshot(ipr: RtnlSocket, index: int) -> list[Record]:
     """The link's movable addresses, in add order (see module doc)."""
-    recs = [rtnl.record("addr", m) for m in ipr.addr("dump", index=index) if m["index"] == index]
+    recs = [rtnl.record("addr", m) for m in ipr.addr_dump(index=index)]
     recs = [r for r in recs if _movable(r)]
     v4 = [r for r in recs if r["family"] == socket.AF_INET]
     v6 = [r for r in recs if r["family"] == socket.AF_INET6]
     return v4 + list(reversed(v6))
 
 
-def live_cidrs(ipr: Any, index: int) -> list[str]:
-    return [cidr(rtnl.record("addr", m)) for m in ipr.addr("dump", index=index) if m["index"] == index]
+def live_cidrs(ipr: RtnlSocket, index: int) -> list[str]:
+    return [cidr(rtnl.record("addr", m)) for m in ipr.addr_dump(index=index)]
 
 
 def _for_link(rec: Record, index: int, label: str | None, extra_flags: int) -> Record:
@@ -80,7 +80,7 @@ def _for_link(rec: Record, index: int, label: str | None, extra_flags: int) -> R
     return out
 
 
-def remove(ipr: Any, index: int, addrs: list[Record]) -> None:
+def remove(ipr: RtnlSocket, index: int, addrs: list[Record]) -> None:
     """Delete from the link in reverse add order (secondaries before their primary)."""
     for rec in reversed(addrs):
         rtnl.delete(ipr, "addr", _for_link(rec, index, None, 0))
@@ -93,7 +93,7 @@ def pod_label(label: str, bond: str, pod_ifname: str) -> str:
     return candidate if len(candidate) <= 15 else pod_ifname
 
 
-def add_to_pod(ipr: Any, index: int, addrs: list[Record], bond: str, pod_ifname: str) -> None:
+def add_to_pod(ipr: RtnlSocket, index: int, addrs: list[Record], bond: str, pod_ifname: str) -> None:
     """Add in add order (primary first). IPv6 gets NODAD: the address was just in use on this node."""
     for rec in addrs:
         label = pod_label(str(attr(rec, "IFA_LABEL") or bond), bond, pod_ifname)
@@ -101,7 +101,7 @@ def add_to_pod(ipr: Any, index: int, addrs: list[Record], bond: str, pod_ifname:
         rtnl.create(ipr, "addr", _for_link(rec, index, label, extra))
 
 
-def restore(ipr: Any, index: int, addrs: list[Record]) -> int:
+def restore(ipr: RtnlSocket, index: int, addrs: list[Record]) -> int:
     """Put back every recorded address that is missing, in add order; returns how many were added."""
     present = set(live_cidrs(ipr, index))
     added = 0
@@ -112,6 +112,14 @@ def restore(ipr: Any, index: int, addrs: list[Record]) -> int:
         if rtnl.create(ipr, "addr", _for_link(rec, index, str(label) if label else None, 0)):
             added += 1
     return added
+
+
+def address_record(index: int, ip: str, plen: int) -> Record:
+    """A plain address for ``index`` (what IPAM hands out); IPv6 without DAD, like a moved one."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    flags = IFA_F_NODAD if family == socket.AF_INET6 else 0
+    return {"family": family, "prefixlen": plen, "flags": flags, "scope": 0, "index": index,
+            "attrs": [["IFA_LOCAL", ip], ["IFA_ADDRESS", ip], ["IFA_FLAGS", flags]]}
 
 
 def network_of(rec: Record) -> str:

@@ -7,7 +7,7 @@ an nsfs file (``fstatfs`` magic), and entered with ``setns(2)`` in the calling t
 enough to create a netlink or raw socket; the socket stays bound to that netns after we return.
 
     with open_netns("/var/run/netns/cni-1234") as ns:
-        ipr = netlink_in(ns)          # an IPRoute talking to the pod's netns
+        ipr = netlink_in(ns)          # an RtnlSocket talking to the pod's netns
         print(ns.inode)               # identity, recorded in state and checked before DEL
 """
 
@@ -19,9 +19,12 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import INVALID_ENV, CniError
+
+if TYPE_CHECKING:
+    from rdma_cni.net.nlsock import RtnlSocket
 
 NSFS_MAGIC = 0x6E736673
 CLONE_NEWNET = 0x40000000
@@ -149,8 +152,20 @@ def entered(ns: Netns) -> Iterator[None]:
         os.close(home)
 
 
-def netlink_in(ns: Netns | None) -> Any:
-    """An rtnetlink client (pyroute2 ``IPRoute``) bound to ``ns`` (None: the current netns)."""
+def netlink_in(ns: Netns | None) -> RtnlSocket:
+    """An rtnetlink socket bound to ``ns`` (None: the current netns). A netlink socket belongs to
+    the netns it was created in, so the thread only visits ``ns`` for the ``socket()`` call."""
+    from rdma_cni.net.nlsock import RtnlSocket
+
+    if ns is None:
+        return RtnlSocket()
+    with entered(ns):
+        return RtnlSocket()
+
+
+def iproute_in(ns: Netns | None) -> Any:
+    """pyroute2's full ``IPRoute`` bound to ``ns``: for tools that want its whole API (the simulated
+    node); the plugin's own path uses :func:`netlink_in`."""
     from rdma_cni.net.rtnl import light_pyroute2
 
     light_pyroute2()

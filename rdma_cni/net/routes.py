@@ -13,11 +13,13 @@ and a ``from <ip>`` rule, so replies leave by the NIC that owns the source addre
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Iterable
 from typing import Any
 
 from rdma_cni.net import rtnl
+from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.rtnl import Record, attr
 
 RT_TABLE_MAIN = 254
@@ -25,6 +27,7 @@ RT_TABLE_LOCAL = 255
 RTPROT_KERNEL = 2
 RTPROT_RA = 9
 RTPROT_BOOT = 3
+RTPROT_STATIC = 4
 RT_SCOPE_LINK = 253
 RTN_UNICAST = 1
 FR_ACT_TO_TBL = 1
@@ -43,24 +46,31 @@ def _uses(rec: Record, index: int, ips: set[str]) -> bool:
     return index in _oifs(rec) or attr(rec, "RTA_PREFSRC") in ips
 
 
-def snapshot_routes(ipr: Any, index: int, ips: Iterable[str]) -> list[Record]:
+def _maybe_ours(table: int, proto: int) -> bool:
+    return table != RT_TABLE_LOCAL and proto not in (RTPROT_KERNEL, RTPROT_RA)
+
+
+def _not_local_or_kernel(table: int, proto: int) -> bool:
+    return table != RT_TABLE_LOCAL and proto != RTPROT_KERNEL
+
+
+def snapshot_routes(ipr: RtnlSocket, index: int, ips: Iterable[str]) -> list[Record]:
     ipset = set(ips)
     out = []
     for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in ipr.route("dump", family=family):
-            if msg["table"] == RT_TABLE_LOCAL or msg["proto"] in (RTPROT_KERNEL, RTPROT_RA):
-                continue  # the header says enough: skip converting most of the dump (local/kernel)
+        # The header says enough to skip most of a dump (local table, kernel routes) undecoded.
+        for msg in ipr.route_dump(family, _maybe_ours):
             rec = rtnl.record("route", msg)
             if _uses(rec, index, ipset):
                 out.append(rec)
     return out
 
 
-def snapshot_rules(ipr: Any, bond: str, ips: Iterable[str]) -> list[Record]:
+def snapshot_rules(ipr: RtnlSocket, bond: str, ips: Iterable[str]) -> list[Record]:
     ipset = set(ips)
     out = []
     for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in ipr.rule("dump", family=family):
+        for msg in ipr.rule_dump(family):
             rec = rtnl.record("rule", msg)
             names = {attr(rec, "FRA_IIFNAME"), attr(rec, "FRA_OIFNAME")}
             if bond in names or attr(rec, "FRA_SRC") in ipset or attr(rec, "FRA_DST") in ipset:
@@ -80,7 +90,7 @@ def _reindex(rec: Record, old: int, new: int) -> Record:
     return dict(rec, attrs=attrs)
 
 
-def restore_routes(ipr: Any, routes: list[Record], old_index: int, new_index: int) -> list[str]:
+def restore_routes(ipr: RtnlSocket, routes: list[Record], old_index: int, new_index: int) -> list[str]:
     """Re-create missing routes; a route whose gateway needs another route is retried after it.
 
     Returns a description of each route that could not be restored (the caller decides whether
@@ -103,7 +113,7 @@ def restore_routes(ipr: Any, routes: list[Record], old_index: int, new_index: in
     return errors if pending else []
 
 
-def restore_rules(ipr: Any, rules: list[Record]) -> list[str]:
+def restore_rules(ipr: RtnlSocket, rules: list[Record]) -> list[str]:
     errors = []
     for rec in rules:
         try:
@@ -132,12 +142,12 @@ def route_key(rec: Record) -> tuple[Any, ...]:
     )
 
 
-def live_routes(ipr: Any, index: int) -> list[Record]:
+def live_routes(ipr: RtnlSocket, index: int) -> list[Record]:
     out = []
     for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in ipr.route("dump", family=family):
+        for msg in ipr.route_dump(family, _not_local_or_kernel):
             rec = rtnl.record("route", msg)
-            if index in _oifs(rec) and rec["table"] != RT_TABLE_LOCAL and rec["proto"] != RTPROT_KERNEL:
+            if index in _oifs(rec):
                 out.append(rec)
     return out
 
@@ -183,6 +193,21 @@ def _route(
     }
 
 
+def static_route(dst: str, gateway: str, oif: int) -> Record:
+    """``dst [via gateway] dev oif`` in the main table, proto static (an IPAM result's route)."""
+    net = ipaddress.ip_network(dst, strict=False)
+    family = socket.AF_INET6 if net.version == 6 else socket.AF_INET
+    attrs: list[list[Any]] = [["RTA_TABLE", RT_TABLE_MAIN], ["RTA_OIF", oif]]
+    if net.prefixlen:
+        attrs.append(["RTA_DST", str(net.network_address)])
+    if gateway:
+        attrs.append(["RTA_GATEWAY", gateway])
+    return {
+        "family": family, "dst_len": net.prefixlen, "src_len": 0, "tos": 0, "table": RT_TABLE_MAIN,
+        "proto": RTPROT_STATIC, "scope": 0, "type": RTN_UNICAST, "flags": 0, "attrs": attrs,
+    }
+
+
 def source_rule(family: int, ip: str, table: int, priority: int) -> Record:
     """``from <ip> lookup <table>``: replies from a bond's address leave by that bond."""
     plen = 32 if family == socket.AF_INET else 128
@@ -193,7 +218,7 @@ def source_rule(family: int, ip: str, table: int, priority: int) -> Record:
     }
 
 
-def install(ipr: Any, kind: str, recs: list[Record]) -> None:
+def install(ipr: RtnlSocket, kind: str, recs: list[Record]) -> None:
     """Add routes or rules in the pod; a failure is raised (ADD rolls back)."""
     pending = list(recs)
     while pending:

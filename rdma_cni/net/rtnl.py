@@ -15,8 +15,6 @@ from typing import Any
 
 Record = dict[str, Any]
 
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
 
@@ -101,8 +99,9 @@ def _message(kind: str, rec: Record) -> Any:
 
 
 def send(ipr: Any, kind: str, rec: Record, msg_type: int, flags: int = 0) -> None:
-    """One request with ACK; netlink errors raise pyroute2's NetlinkError (``.code`` = errno)."""
-    ipr.nlm_request(_message(kind, rec), msg_type=msg_type, msg_flags=NLM_F_REQUEST | NLM_F_ACK | flags)
+    """One request with ACK on an :class:`~rdma_cni.net.nlsock.RtnlSocket`; a refusal raises its
+    NetlinkError (``.code`` = errno)."""
+    ipr.send_message(_message(kind, rec), msg_type, flags)
 
 
 def create(ipr: Any, kind: str, rec: Record) -> bool:

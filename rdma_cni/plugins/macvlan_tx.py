@@ -27,15 +27,15 @@ import logging
 import os
 import secrets
 import signal
-import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni.cni.errors import NETLINK_FAILURE, CniError
-from rdma_cni.net import addresses, links, routes
+from rdma_cni.net import addresses, links, routes, rtnl
 from rdma_cni.net.announce import announce_ipv6, arm_arp_notify
 from rdma_cni.net.netns import Netns, NetnsUnavailable, netlink_in, open_netns
+from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.rtnl import attr
 from rdma_cni.state import AttachmentRecord, BondRecord
 
@@ -163,10 +163,8 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     ctx.fp.hit("announced")
 
 
-def _add_plain_ip(pod: Any, index: int, ip: str, plen: int) -> None:
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    flags = addresses.IFA_F_NODAD if family == socket.AF_INET6 else 0
-    pod.addr("add", index=index, address=ip, prefixlen=plen, family=family, flags=flags)
+def _add_plain_ip(pod: RtnlSocket, index: int, ip: str, plen: int) -> None:
+    rtnl.create(pod, "addr", addresses.address_record(index, ip, plen))
 
 
 def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int, multi: bool) -> None:
@@ -185,11 +183,7 @@ def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int, multi: bool
     routes.install(ctx.pod, "route", b.pod_routes)
     routes.install(ctx.pod, "rule", b.pod_rules)
     if i == 0:
-        for dst, gw in ctx.ipam_routes:
-            kwargs = {"dst": dst, "oif": index}
-            if gw:
-                kwargs["gateway"] = gw
-            ctx.pod.route("add", **kwargs)
+        routes.install(ctx.pod, "route", [routes.static_route(dst, gw, index) for dst, gw in ctx.ipam_routes])
 
 
 def recorded_netns(rec: AttachmentRecord, netns_path: str) -> Netns | None:

@@ -42,7 +42,7 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from rdma_cni.net.netns import Netns, NetnsUnavailable, entered, netlink_in, open_netns
+from rdma_cni.net.netns import Netns, NetnsUnavailable, entered, iproute_in, open_netns
 from rdma_cni.rdma.sysfs import gid_for_ip
 from rdma_cni.sim import tree
 from rdma_cni.sim.model import MLX5_TYPES, RXE_TYPES, Owner, PortTable
@@ -118,7 +118,7 @@ class SimNode:
     def open(self) -> SimNode:
         self.thread = threading.get_ident()
         self.node = open_netns(self.node_path or "/proc/thread-self/ns/net")  # netns is per thread
-        self.ipr = netlink_in(self.node if self.node_path else None)
+        self.ipr = iproute_in(self.node if self.node_path else None)
         with entered(self.node):
             self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, 0)
         self.sock.bind((0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_NSID))
@@ -180,7 +180,7 @@ class SimNode:
         pod = self.pods[nsid]
         with open_netns(pod.path) as ns:
             assert self.node is not None
-            ipr = netlink_in(ns)
+            ipr = iproute_in(ns)
             try:
                 links = list(ipr.get_links())  # the dump allocates the node's nsid if a link needs it
                 seen = ipr.get_netnsid(fd=self.node.fd) or {}
@@ -274,7 +274,7 @@ class SimNode:
             addrs = list(self.ipr.get_addr(index=owner.ifindex))
         else:
             with open_netns(self.pods[owner.nsid].path) as ns:
-                ipr = netlink_in(ns)
+                ipr = iproute_in(ns)
                 try:
                     addrs = list(ipr.get_addr(index=owner.ifindex))
                 finally:
@@ -470,7 +470,7 @@ def watched(node_netns: str | None, pod_netns: str) -> bool:
     a running SimNode gives one to every pod netns it finds). Tests wait for this after creating a
     pod netns, before the plugin runs: a move made earlier is read as a snapshot, not in order."""
     with open_netns(pod_netns) as pod, open_netns(node_netns or "/proc/thread-self/ns/net") as node:
-        ipr = netlink_in(node if node_netns else None)
+        ipr = iproute_in(node if node_netns else None)
         try:
             got = ipr.get_netnsid(fd=pod.fd) or {}
         finally:
