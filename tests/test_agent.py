@@ -46,7 +46,9 @@ class RunningAgent:
         return self.proc.pid
 
 
-def start_agent(tmp: Path, *args: str, netns: str = "", plugins: bool = True) -> RunningAgent:
+def start_agent(
+    tmp: Path, *args: str, netns: str = "", plugins: bool = True, agent_env: dict[str, str] | None = None
+) -> RunningAgent:
     sock = str(tmp / "agent.sock")
     log = tmp / "agent.log"
     cmd = [sys.executable, "-m", "rdma_cni.cli.agent", "--socket", sock, "--reconcile-interval", "-1"]
@@ -55,7 +57,7 @@ def start_agent(tmp: Path, *args: str, netns: str = "", plugins: bool = True) ->
     cmd += list(args)
     if netns:
         cmd = ["ip", "netns", "exec", netns, *cmd]
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}:{os.environ.get('PYTHONPATH', '')}")
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}:{os.environ.get('PYTHONPATH', '')}", **(agent_env or {}))
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, cwd=REPO)
     deadline = time.monotonic() + 60
@@ -226,6 +228,20 @@ def test_worker_runs_in_the_callers_namespaces_with_its_environment(tmp_path: Pa
         assert code == 0
         assert (where2["net"], where2["mnt"]) == (net, mnt)
         assert net != where["net"]
+    finally:
+        stop(running.proc)
+
+
+def test_worker_environment_is_exactly_the_callers(tmp_path: Path) -> None:
+    """Variables only the agent has are gone, the ones the caller changed take its value, and the
+    next worker starts from the agent's environment again."""
+    running = start_agent(tmp_path, agent_env={"H8_AGENT_ONLY": "agent", "H7_PROBE": "from-the-agent"})
+    try:
+        for n, env in enumerate([cni_env("ADD"), cni_env("DEL", H8_CALLER_ONLY="caller", PATH="/nowhere")]):
+            marker = tmp_path / f"env{n}.json"
+            answer = client.forward("probe", env, probe_conf(probeFile=str(marker)), path=running.sock)
+            assert answer is not None and answer.code == 0
+            assert read_json(marker)["environ"] == env
     finally:
         stop(running.proc)
 

@@ -1,9 +1,9 @@
 """A probe plugin the agent tests serve (``--plugin probe=test_agent_probe:SPEC``), and wire tests.
 
 The probe does nothing to the network: it reports where and how it ran (pid, net and mount
-namespace inodes, an environment variable, cwd) into the file named by its config's ``probeFile``,
-writes a line on stderr, and can sleep during ADD/DEL (``sleep`` seconds, after writing
-``startedFile``) so a test can kill the process running it mid-call.
+namespace inodes, an environment variable, the whole environment, cwd) into the file named by its
+config's ``probeFile``, writes a line on stderr, and can sleep during ADD/DEL (``sleep`` seconds,
+after writing ``startedFile``) so a test can kill the process running it mid-call.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def where_am_i() -> dict[str, object]:
         "mnt": os.stat("/proc/self/ns/mnt").st_ino,
         "env": os.environ.get("H7_PROBE", ""),
         "cwd": os.getcwd(),
+        "environ": dict(os.environ),
     }
 
 

@@ -101,8 +101,7 @@ def run_as_caller(registry: Registry, plugin: str, env: dict[str, str], stdin: b
     stderr captured to send back. Returns (exit code, stdout, stderr)."""
     from rdma_cni.cni import dispatch
 
-    os.environ.clear()
-    os.environ.update(env)
+    _become_environment(env)
     capture = os.memfd_create("rdma-agent-stderr", os.MFD_CLOEXEC)
     agent_stderr = os.dup(2)
     null = os.open(os.devnull, os.O_RDWR)
@@ -123,6 +122,19 @@ def run_as_caller(registry: Registry, plugin: str, env: dict[str, str], stdin: b
     os.dup2(agent_stderr, 1)
     os.close(agent_stderr)
     return code, stdout, captured
+
+
+def _become_environment(env: dict[str, str]) -> None:
+    """Make ``os.environ`` (and the C environment a subprocess inherits) exactly the caller's,
+    changing only the variables that differ. The caller's environment is mostly the agent's own,
+    and clear() + update() rewrote every variable: ~130 more copy-on-write faults, 0.4 ms of a
+    VERSION call in a worker that is not prefaulted."""
+    current = os.environ
+    for key in [key for key in current if key not in env]:
+        del current[key]
+    for key, value in env.items():
+        if current.get(key) != value:
+            current[key] = value
 
 
 def _fresh_logging() -> None:
