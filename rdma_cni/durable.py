@@ -26,8 +26,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700) -> None:
-    """temp file in the same dir + fsync + rename + fsync(dir): readers never see a torn file."""
+def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700, sync: bool = True) -> None:
+    """temp file in the same dir + fsync + rename + fsync(dir): readers never see a torn file.
+
+    ``sync=False`` skips both fsyncs: still atomic for every reader while the machine runs, but a
+    power loss may keep the old file, or (on some filesystems) leave an empty one in its place.
+    Only for files whose loss the reader survives (see ``NodeState.commit``).
+    """
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         ensure_dir(directory, dir_mode)
@@ -37,7 +42,8 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -45,11 +51,14 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
         except FileNotFoundError:
             pass
         raise
-    fsync_dir(directory)
+    if sync:
+        fsync_dir(directory)
 
 
-def atomic_write_json(path: str, obj: Any, mode: int = 0o600, dir_mode: int = 0o700) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n", mode, dir_mode)
+def atomic_write_json(
+    path: str, obj: Any, mode: int = 0o600, dir_mode: int = 0o700, sync: bool = True
+) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n", mode, dir_mode, sync)
 
 
 def remove(path: str) -> bool:

@@ -4,7 +4,8 @@ Layout under ``dataDir`` (0700 dir, 0600 files, every write atomic via :mod:`rdm
 
     lock                                   fcntl lock: bond selection and record writes, node-wide
     claims/<00..ff>                        fcntl locks: one attachment's whole ADD or DEL (hashed)
-    attachments/<containerID>@<ifname>.json   one AttachmentRecord (ifname %-quoted)
+    attachments/<containerID>@<ifname>.json   one AttachmentRecord (ifname %-quoted), write-ahead
+    attachments/<containerID>@<ifname>.json.added   the same record as ADD committed it
 
 The record is written **before** ADD touches anything and holds all that DEL needs to give the
 host back its addresses, routes and rules without the pod netns: so a kill -9 at any point leaves
@@ -21,6 +22,14 @@ attachment into 256 never-deleted lock files (no unlink race; a collision only s
 calls). Every write under ``attachments/`` still happens under the node lock, so the temp-file
 sweep below stays true.
 
+Only the write-ahead record is synced to disk (fsync of file and dir, before the host is touched):
+it alone decides whether the host gets its addresses back. The committed record (phase "added",
+plus what the transaction learned: MAC, pod routes, GID index) is written atomically but not
+synced, next to it, stamped with the write-ahead file's identity (inode, mtime): after a power loss
+it may be missing or empty, and then the write-ahead record is read instead, a crashed ADD that
+DEL/GC/reconcile undo (the pods died with the power anyway). A commit whose stamp does not match
+the write-ahead file beside it belongs to an earlier attachment of that name and is ignored.
+
 A file that cannot be read or parsed is treated as absent and logged (never fatal for a pod start);
 it is left in place for ``cni-tool state`` / doctor to show.
 
@@ -29,7 +38,7 @@ Public API (read by ``cni-tool state`` and doctor as well as the plugin)::
     st = NodeState("/var/lib/cni/rdma-macvlan")
     with st.claimed(attachment):           # this attachment: its ADD/DEL, taken first, may block
         with st.locked():                  # node-wide exclusive lock (fcntl), held briefly
-            st.put(record); st.get(cid, ifname); st.remove(cid, ifname)
+            st.put(record); st.commit(record); st.get(cid, ifname); st.remove(cid, ifname)
     with st.locked(), st.try_claim(other) as free:   # GC/reclaim: never wait for a claim
         ...
     st.attachments()  -> list[AttachmentRecord]
@@ -64,6 +73,7 @@ ATTACHMENTS_DIR = "attachments"
 LOCK_FILE = "lock"
 CLAIMS_DIR = "claims"
 CLAIM_BUCKETS = 256
+COMMIT_SUFFIX = ".added"
 
 
 @dataclass
@@ -123,6 +133,10 @@ class AttachmentRecord:
         return rec
 
 
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_ino, st.st_mtime_ns]
+
+
 def record_filename(container_id: str, ifname: str) -> str:
     """``<cid>@<quoted ifname>.json``: '@' cannot occur in a valid container ID; the ifname is quoted."""
     validate_container_id(container_id)
@@ -134,11 +148,15 @@ class NodeState:
     def __init__(self, data_dir: str) -> None:
         self.data_dir = data_dir
         self.dir = os.path.join(data_dir, ATTACHMENTS_DIR)
+        self._ensured = False
         self._unreadable: list[str] = []
 
     def ensure(self) -> None:
+        if self._ensured:  # once per call: each ensure_dir is a mkdir and a chmod
+            return
         durable.ensure_dir(self.data_dir)
         durable.ensure_dir(self.dir)
+        self._ensured = True
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -209,14 +227,27 @@ class NodeState:
         return os.path.join(self.dir, record_filename(container_id, ifname))
 
     def put(self, rec: AttachmentRecord) -> None:
+        """The write-ahead record, synced: on disk before the caller touches the host."""
         self.ensure()
         durable.atomic_write_json(self.path(rec.container_id, rec.ifname), rec.to_dict())
+
+    def commit(self, rec: AttachmentRecord) -> None:
+        """The record as ADD returns it, beside the write-ahead one and not synced (module doc)."""
+        path = self.path(rec.container_id, rec.ifname)
+        body = {"writeAhead": _stamp(os.stat(path)), "record": rec.to_dict()}
+        durable.atomic_write_json(path + COMMIT_SUFFIX, body, sync=False)
 
     def get(self, container_id: str, ifname: str) -> AttachmentRecord | None:
         return self._load(self.path(container_id, ifname))
 
     def remove(self, container_id: str, ifname: str) -> bool:
-        return durable.remove(self.path(container_id, ifname))
+        """The commit first: a crash in between leaves the write-ahead record, which DEL redoes."""
+        path = self.path(container_id, ifname)
+        try:
+            os.unlink(path + COMMIT_SUFFIX)
+        except FileNotFoundError:
+            pass
+        return durable.remove(path)
 
     def attachments(self) -> list[AttachmentRecord]:
         self._unreadable = []
@@ -240,11 +271,28 @@ class NodeState:
         """Files the last :meth:`attachments` call could not use (for cni-tool state / doctor)."""
         return list(self._unreadable)
 
+    def _committed(self, path: str, stamp: list[int]) -> AttachmentRecord | None:
+        """The committed record beside ``path`` if it is whole and of this write-ahead record."""
+        try:
+            with open(path + COMMIT_SUFFIX, "rb") as f:
+                body = json.loads(f.read())
+            if not isinstance(body, dict) or body.get("writeAhead") != stamp:
+                log.info("commit record %s%s is not of this write-ahead record: ignored", path, COMMIT_SUFFIX)
+                return None
+            return AttachmentRecord.from_dict(body.get("record"))  # type: ignore[arg-type]
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, CniError) as exc:  # e.g. emptied by a power loss
+            log.warning("commit record %s%s unreadable, using the write-ahead record: %s", path,
+                        COMMIT_SUFFIX, exc)
+            return None
+
     def _load(self, path: str) -> AttachmentRecord | None:
         try:
             with open(path, "rb") as f:
                 data = json.loads(f.read())
-            rec = AttachmentRecord.from_dict(data)
+                stamp = _stamp(os.fstat(f.fileno()))
+            rec = self._committed(path, stamp) or AttachmentRecord.from_dict(data)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, TypeError, CniError) as exc:

@@ -253,7 +253,7 @@ class Node:
     def pins(self) -> dict[str, str]:
         """bond -> container ID, read straight from the state files."""
         out = {}
-        for name in self.state_files():
+        for name in [f for f in self.state_files() if f.endswith(".json")]:
             with open(os.path.join(self.data_dir, "attachments", name)) as f:
                 rec = json.load(f)
             for b in rec["bonds"]:

@@ -295,12 +295,13 @@ class RtnlSocket:
             raw = [m for m in raw if keep(m[_NLMSGHDR.size + 4], m[_NLMSGHDR.size + 5])]
         return [_decoded(rtmsg, m) for m in raw]
 
-    def rule_dump(self, family: int) -> list[Any]:
+    def rule_dump(self, family: int, keep: Callable[[bytes], bool] | None = None) -> list[Any]:
+        """Decoded rule messages (pyroute2 ``fibmsg``); ``keep(raw message)`` filters before decoding."""
         light_pyroute2()
         from pyroute2.netlink.rtnl.fibmsg import fibmsg
 
         raw = self.dump(RTM_GETRULE, struct.pack("=BBBBBBBBI", family, 0, 0, 0, 0, 0, 0, 0, 0))
-        return [_decoded(fibmsg, m) for m in raw]
+        return [_decoded(fibmsg, m) for m in raw if keep is None or keep(m)]
 
 
 def _decoded(cls: Any, data: bytes) -> Any:

@@ -68,14 +68,21 @@ def snapshot_routes(ipr: RtnlSocket, index: int, ips: Iterable[str]) -> list[Rec
 
 def snapshot_rules(ipr: RtnlSocket, bond: str, ips: Iterable[str]) -> list[Record]:
     ipset = set(ips)
+    # A rule naming the bond or one of its addresses carries those bytes: the others (the kernel's
+    # default rules, other networks') are skipped without decoding.
+    needles = [bond.encode() + b"\0"] + [_packed(ip) for ip in ipset]
     out = []
     for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in ipr.rule_dump(family):
+        for msg in ipr.rule_dump(family, lambda raw: any(n in raw for n in needles)):
             rec = rtnl.record("rule", msg)
             names = {attr(rec, "FRA_IIFNAME"), attr(rec, "FRA_OIFNAME")}
             if bond in names or attr(rec, "FRA_SRC") in ipset or attr(rec, "FRA_DST") in ipset:
                 out.append(rec)
     return out
+
+
+def _packed(ip: str) -> bytes:
+    return ipaddress.ip_address(ip).packed
 
 
 def _reindex(rec: Record, old: int, new: int) -> Record:

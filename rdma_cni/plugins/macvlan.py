@@ -121,7 +121,7 @@ class MacvlanPlugin:
                 tx.add_bond(ctx, b, i, step)
             rec.phase = PHASE_ADDED
             with state.locked():
-                state.put(rec)
+                state.commit(rec)
                 fp.hit("committed")
                 macvlan_rdma.refresh_host_record(cfg, host)
         except BaseException as exc:
