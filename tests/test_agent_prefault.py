@@ -9,8 +9,20 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
+from pathlib import Path
 
 import pytest
+from test_agent import (
+    client,
+    cni_env,
+    forward_in_thread,
+    probe_conf,
+    read_json,
+    start_agent,
+    stop,
+    wait_for_children,
+)
 
 from rdma_cni.agent import prefault
 
@@ -142,3 +154,50 @@ def test_stops_as_soon_as_a_call_waits() -> None:
     assert asked == 2
     assert done <= prefault.CHUNK * PAGE, "one chunk at most, then the call"
     region.close()
+
+
+# --- in the agent: prefault only between calls ---------------------------------------------------
+
+PREFAULTED_KIB = 8 * 1024  # an unprefaulted idle worker holds ~1.6 MiB of its own, a prefaulted ~35
+
+
+def _private_dirty_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no Private_Dirty in /proc/{pid}/smaps_rollup")
+
+
+def _wait_prefaulted(pid: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _private_dirty_kib(pid) < PREFAULTED_KIB:
+        assert time.monotonic() < deadline, f"worker {pid} never prefaulted"
+        time.sleep(0.05)
+
+
+def test_idle_worker_prefaults_only_while_no_call_runs(tmp_path: Path) -> None:
+    """A worker forked while calls run (the last idle one was taken) waits with its copying until
+    they are done: the copying would take the CPU those calls need."""
+    running = start_agent(tmp_path)
+    try:
+        for pid in wait_for_children(running.pid, 2):
+            _wait_prefaulted(pid)
+        threads, busy = [], set()
+        for n in range(2):  # both idle workers take a call; the agent forks a spare at once
+            started = tmp_path / f"started{n}.json"
+            slow = probe_conf(sleep=3, startedFile=str(started))
+            thread, box = forward_in_thread(running.sock, cni_env("DEL"), slow)
+            threads.append((thread, box))
+            busy.add(int(str(read_json(started)["pid"])))
+        (spare,) = wait_for_children(running.pid, 3) - busy
+        deadline = time.monotonic() + 1.0  # the old prefault started 5 ms after the fork
+        while time.monotonic() < deadline:
+            assert _private_dirty_kib(spare) < PREFAULTED_KIB, "the spare prefaulted during the calls"
+            time.sleep(0.02)
+        for thread, box in threads:
+            thread.join(30)
+            assert isinstance(box[0], client.Answer) and box[0].code == 0
+        _wait_prefaulted(spare)  # the calls are done: now it copies
+    finally:
+        stop(running.proc)
