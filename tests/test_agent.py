@@ -619,6 +619,36 @@ def test_c_client_in_a_bundle_falls_back_to_the_bundle_program_by_its_own_name(t
     assert proc.stdout.decode() == "rdma-macvlan|off|" + probe_conf().decode()
 
 
+ENTER_CALLER = """
+import json, os, subprocess, time
+from rdma_cni.agent import namespaces
+namespaces.warm()
+other = subprocess.Popen(["unshare", "--mount", "sleep", "60"])
+try:
+    own = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+    while os.stat(f"/proc/{other.pid}/ns/mnt").st_ino == os.fstat(own).st_ino:
+        time.sleep(0.01)  # unshare has not run yet
+    theirs = os.open(f"/proc/{other.pid}/ns/mnt", os.O_RDONLY)
+    net = os.open("/proc/self/ns/net", os.O_RDONLY)
+    same = namespaces.enter_caller(net, own)
+    cwd_same = os.getcwd()
+    moved = namespaces.enter_caller(net, theirs)
+    joined = os.stat("/proc/self/ns/mnt").st_ino == os.fstat(theirs).st_ino
+    print(json.dumps([same, cwd_same, moved, joined]))
+finally:
+    other.kill()
+    other.wait()
+"""
+
+
+def test_a_caller_in_the_agents_own_mount_namespace_is_not_joined_again(tmp_path: Path) -> None:
+    """The same mount namespace (by inode) is skipped, with the cwd still reset to /; another one
+    is joined."""
+    out = subprocess.run([sys.executable, "-c", ENTER_CALLER], capture_output=True, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    assert json.loads(out.stdout) == [False, "/", True, True]
+
+
 def test_caller_whose_mounts_hide_the_agents_code_is_refused(agent: RunningAgent, tmp_path: Path) -> None:
     """A worker joins the caller's mount namespace and may import lazily from there: when the
     agent's package is another file at that path (an agent image that is not the node's install),

@@ -84,10 +84,10 @@ def _accept_call(
         except Exception as exc:  # a plugin that cannot load here may still run in-process
             raise Refused(f"plugin {plugin} cannot be loaded in the agent: {exc}") from exc
         try:
-            namespaces.enter_caller(fds[0], fds[1])
+            moved = namespaces.enter_caller(fds[0], fds[1])
         except OSError as exc:
             raise Refused(f"cannot enter the caller's namespaces: {exc}") from exc
-        mismatch = namespaces.code_mismatch(anchors)
+        mismatch = namespaces.code_mismatch(anchors) if moved else ""
         if mismatch:
             raise Refused(f"{mismatch}: run the agent from the node's install path")
     finally:
