@@ -61,6 +61,16 @@ def atomic_write_json(
     atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n", mode, dir_mode, sync)
 
 
+def sync_path(path: str) -> None:
+    """Make a file written with ``sync=False`` durable now: its data, then its name in the dir."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
 def remove(path: str) -> bool:
     """Unlink ``path`` and make the removal durable; False when it was already gone."""
     try:

@@ -57,7 +57,7 @@ import urllib.parse
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import durable
@@ -115,7 +115,11 @@ class AttachmentRecord:
         return Attachment(self.container_id, self.ifname)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready view sharing the record's values: written at once, so no deep copy is needed
+        (``dataclasses.asdict`` deep-copies every rtnl record; ~0.1 ms per write)."""
+        out = dict(vars(self))
+        out["bonds"] = [dict(vars(b)) for b in self.bonds]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AttachmentRecord:
@@ -226,10 +230,14 @@ class NodeState:
     def path(self, container_id: str, ifname: str) -> str:
         return os.path.join(self.dir, record_filename(container_id, ifname))
 
-    def put(self, rec: AttachmentRecord) -> None:
-        """The write-ahead record, synced: on disk before the caller touches the host."""
+    def put(self, rec: AttachmentRecord, sync: bool = True) -> None:
+        """The write-ahead record, synced: on disk before the caller touches the host. ``sync=False``
+        leaves that to :meth:`sync`, so the disk wait can happen after the node lock is released."""
         self.ensure()
-        durable.atomic_write_json(self.path(rec.container_id, rec.ifname), rec.to_dict())
+        durable.atomic_write_json(self.path(rec.container_id, rec.ifname), rec.to_dict(), sync=sync)
+
+    def sync(self, rec: AttachmentRecord) -> None:
+        durable.sync_path(self.path(rec.container_id, rec.ifname))
 
     def commit(self, rec: AttachmentRecord) -> None:
         """The record as ADD returns it, beside the write-ahead one and not synced (module doc)."""

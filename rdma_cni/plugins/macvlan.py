@@ -98,7 +98,7 @@ class MacvlanPlugin:
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: _put_locked(state, rec),
                             mode=cfg.mode, mac=_requested_mac(req))
         ctx.rdma_step = lambda b, i: macvlan_rdma.attach(cfg, rec, b, ns, _ipam_ipv4(ctx, i), ctx.save)
-        state.put(rec)  # write-ahead: from here on a crash is repaired by DEL or GC
+        state.put(rec, sync=False)  # write-ahead (synced by add()): from here a crash is repaired by DEL/GC
         return rec, ctx
 
     def _transact(
@@ -110,6 +110,9 @@ class MacvlanPlugin:
         step = ["write-ahead"]
         current = rec.bonds[0].bond
         try:
+            # On disk before the host is touched; outside the node lock, so that concurrent ADDs
+            # do not queue behind each other's disk flush (our pins are visible already).
+            state.sync(rec)
             fp.hit("write-ahead")
             step[0] = "IPAM"
             if cfg.ipam is not None:
