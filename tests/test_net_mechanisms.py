@@ -177,3 +177,38 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/",
                           env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
     assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_kernel_refusals_carry_errno_and_the_kernels_own_reason(node_ns: Node) -> None:
+    """The stdlib rtnetlink socket: errors are OSErrors with the errno (and ``.code``, like pyroute2's)
+    plus the extended-ack text the kernel gave; absent links are None, not errors."""
+    from rdma_cni.net.nlsock import NetlinkError
+
+    n = node_ns
+    n.bond("bond0", "198.51.100.2/28")
+    ipr, index = _ns_ipr(n)
+    try:
+        assert links.get_link(ipr, "nosuchlink0") is None
+        assert links.get_link(ipr, index=999999) is None
+        pod = n.pod()
+        with open_netns(pod.path) as ns:
+            with pytest.raises(NetlinkError) as err:
+                links.create_macvlan(ipr, 999999, ns.fd, "mvbad0", "bridge")  # no such parent
+            assert err.value.code == err.value.errno and err.value.errno in (19, 22)
+            links.create_macvlan(ipr, index, ns.fd, "mvok0", "bridge")
+            with pytest.raises(NetlinkError) as err:
+                links.create_macvlan(ipr, index, ns.fd, "mvok0", "bridge")  # exists in the pod netns
+            assert err.value.errno == 17
+            pod_ipr = netlink_in(ns)
+            try:
+                link = links.get_link(pod_ipr, "mvok0")
+                assert link is not None and link.kind == "macvlan" and link.parent_index == index
+                with pytest.raises(NetlinkError) as err:
+                    pod_ipr.link_set(link.index, mtu=70000)  # above what the parent allows
+                assert err.value.errno == 22
+                assert str(err.value).count(":") >= 1 and "mtu" in str(err.value).lower(), str(err.value)
+                assert links.delete_link(pod_ipr, "mvok0") and not links.delete_link(pod_ipr, "mvok0")
+            finally:
+                pod_ipr.close()
+    finally:
+        ipr.close()  # type: ignore[attr-defined]
