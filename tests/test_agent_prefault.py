@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
+import socket
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +19,6 @@ import pytest
 from test_agent import (
     client,
     cni_env,
-    forward_in_thread,
     probe_conf,
     read_json,
     start_agent,
@@ -170,34 +172,70 @@ def _private_dirty_kib(pid: int) -> int:
 
 
 def _wait_prefaulted(pid: int, timeout: float = 30.0) -> None:
+    """Until the worker holds its copies and is back at normal priority: done copying."""
     deadline = time.monotonic() + timeout
-    while _private_dirty_kib(pid) < PREFAULTED_KIB:
+    while _private_dirty_kib(pid) < PREFAULTED_KIB or os.sched_getscheduler(pid) != os.SCHED_OTHER:
         assert time.monotonic() < deadline, f"worker {pid} never prefaulted"
         time.sleep(0.05)
 
 
-def test_idle_worker_prefaults_only_while_no_call_runs(tmp_path: Path) -> None:
-    """A worker forked while calls run (the last idle one was taken) waits with its copying until
-    they are done: the copying would take the CPU those calls need."""
+def test_prefault_runs_under_sched_idle_and_stops_when_taken_back_to_normal() -> None:
+    """In a child with a listener nobody connects to: the copying runs at SCHED_IDLE, stops as
+    soon as something (the parent's wake_idle) sets the worker back to SCHED_OTHER, and the worker
+    leaves at SCHED_OTHER."""
+    from rdma_cni.agent import server
+
+    def child() -> bytes:
+        seen: list[object] = []
+
+        def fake_populate(stop: object) -> tuple[int, int]:
+            seen.append(os.sched_getscheduler(0) == os.SCHED_IDLE)
+            seen.append(stop())  # type: ignore[operator]
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # what wake_idle does
+            seen.append(stop())  # type: ignore[operator]
+            return 0, 0
+
+        prefault.populate = fake_populate  # type: ignore[assignment]  # this child only
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind("\0h8-prefault-" + str(os.getpid()))
+            listener.listen(1)
+            server.prefault_when_idle(listener)
+        seen.append(os.sched_getscheduler(0) == os.SCHED_OTHER)
+        return repr(seen).encode()
+
+    assert eval(_in_child(child)) == [True, False, True, True]
+
+
+def test_a_call_waiting_in_the_backlog_takes_idle_workers_off_sched_idle(tmp_path: Path) -> None:
+    """Idle workers hold their private copies. When a call waits because no idle worker accepts
+    it (here: stopped; on a saturated node: copying under SCHED_IDLE and given no CPU), the parent
+    takes every idle worker back to normal priority; the call then runs at normal priority."""
     running = start_agent(tmp_path)
+    idle: set[int] = set()
     try:
-        for pid in wait_for_children(running.pid, 2):
+        idle = wait_for_children(running.pid, 2)
+        for pid in idle:
             _wait_prefaulted(pid)
-        threads, busy = [], set()
-        for n in range(2):  # both idle workers take a call; the agent forks a spare at once
-            started = tmp_path / f"started{n}.json"
-            slow = probe_conf(sleep=3, startedFile=str(started))
-            thread, box = forward_in_thread(running.sock, cni_env("DEL"), slow)
-            threads.append((thread, box))
-            busy.add(int(str(read_json(started)["pid"])))
-        (spare,) = wait_for_children(running.pid, 3) - busy
-        deadline = time.monotonic() + 1.0  # the old prefault started 5 ms after the fork
-        while time.monotonic() < deadline:
-            assert _private_dirty_kib(spare) < PREFAULTED_KIB, "the spare prefaulted during the calls"
+            os.kill(pid, signal.SIGSTOP)
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))  # as if still copying
+        marker = tmp_path / "where.json"
+        box: list[object] = []
+        thread = threading.Thread(
+            target=lambda: box.append(
+                client.forward("probe", cni_env("DEL"), probe_conf(probeFile=str(marker)), 60, running.sock)
+            )
+        )
+        thread.start()
+        deadline = time.monotonic() + 20
+        while any(os.sched_getscheduler(pid) != os.SCHED_OTHER for pid in idle):
+            assert time.monotonic() < deadline, "idle workers stayed at SCHED_IDLE with a call waiting"
             time.sleep(0.02)
-        for thread, box in threads:
-            thread.join(30)
-            assert isinstance(box[0], client.Answer) and box[0].code == 0
-        _wait_prefaulted(spare)  # the calls are done: now it copies
+        for pid in idle:
+            os.kill(pid, signal.SIGCONT)
+        thread.join(60)
+        assert isinstance(box[0], client.Answer) and box[0].code == 0
+        assert read_json(marker)["policy"] == os.SCHED_OTHER
     finally:
+        for pid in idle:
+            os.kill(pid, signal.SIGCONT)
         stop(running.proc)

@@ -1,7 +1,8 @@
 """A probe plugin the agent tests serve (``--plugin probe=test_agent_probe:SPEC``), and wire tests.
 
 The probe does nothing to the network: it reports where and how it ran (pid, net and mount
-namespace inodes, an environment variable, the whole environment, cwd) into the file named by its
+namespace inodes, an environment variable, the whole environment, cwd, scheduling policy) into the
+file named by its
 config's ``probeFile``, writes a line on stderr, and can sleep during ADD/DEL (``sleep`` seconds,
 after writing ``startedFile``) so a test can kill the process running it mid-call.
 """
@@ -32,6 +33,7 @@ def where_am_i() -> dict[str, object]:
         "env": os.environ.get("H7_PROBE", ""),
         "cwd": os.getcwd(),
         "environ": dict(os.environ),
+        "policy": os.sched_getscheduler(0),
     }
 
 
