@@ -31,6 +31,7 @@ NETLINK_EXT_ACK = 11  # the kernel says *why* a request failed
 
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
+NLM_F_DUMP_INTR = 0x10  # on a dump part: the table changed while it was read
 NLM_F_DUMP = 0x300
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
@@ -65,6 +66,7 @@ _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _NLA = struct.Struct("=HH")
 _U32 = struct.Struct("=I")
+DUMP_ATTEMPTS = 5
 _RECV_BUFFER = 65536  # the kernel never puts more than 32 KiB into one dump datagram
 
 
@@ -163,6 +165,8 @@ class RtnlSocket:
             raise
         self._sock = sock
         self._seq = 0
+        self._interrupted = False  # the last exchange's dump was marked inconsistent
+        self.dumps_repeated = 0  # how often a dump was read again (for logs and tests)
 
     def close(self) -> None:
         self._sock.close()
@@ -186,13 +190,21 @@ class RtnlSocket:
         return self.exchange(header + body, seq)
 
     def dump(self, msg_type: int, body: bytes) -> list[bytes]:
-        seq = self.next_seq()
-        header = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0)
-        return self.exchange(header + body, seq)
+        """Every object of a table. A dump the kernel marks interrupted (the table changed while it
+        was read: an entry may be missing) is read again; a snapshot must not miss an address."""
+        for _ in range(DUMP_ATTEMPTS):
+            seq = self.next_seq()
+            header = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0)
+            replies = self.exchange(header + body, seq)
+            if not self._interrupted:
+                return replies
+            self.dumps_repeated += 1
+        raise NetlinkError(errnos.EAGAIN, f"the kernel table kept changing during {DUMP_ATTEMPTS} dumps")
 
     def exchange(self, data: bytes, seq: int) -> list[bytes]:
         """Send an encoded message (its header carries ``seq``); read until its ack or dump end."""
         self._sock.send(data)
+        self._interrupted = False
         replies: list[bytes] = []
         while True:
             chunk, _, msg_flags, _ = self._sock.recvmsg(_RECV_BUFFER)
@@ -207,6 +219,7 @@ class RtnlSocket:
                 offset += (length + 3) & ~3
                 if got_seq != seq:
                     continue  # an answer to a request someone gave up on; not ours
+                self._interrupted |= bool(flags & NLM_F_DUMP_INTR)
                 if kind == NLMSG_ERROR:
                     _raise_if_error(message, flags)
                     return replies
