@@ -187,6 +187,10 @@ def test_agent_and_in_process_give_the_same_results_and_host_changes(
     assert during_w == during_c  # the bond lost the same addresses and routes either way
     assert (check_w.code, check_w.stdout, del_w.code, del_w.stdout) == (check_c.code, check_c.stdout, 0, "")
     assert del_c.code == 0
+    # The agent's warm-up covers the plugin path: no worker imported a module during its call.
+    served = [line for line in Path(agent.log).read_text().splitlines() if "served rdma-macvlan" in line]
+    assert len(served) == 3, served
+    assert not [line for line in served if "did not warm" in line], served
 
 
 @pytest.mark.parametrize(

@@ -54,14 +54,36 @@ def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnch
         return
     started = time.monotonic()
     code, stdout, stderr = run_as_caller(registry, plugin, env, stdin)
-    call = f"{plugin} {env.get('CNI_COMMAND')} {env.get('CNI_CONTAINERID', '')}/{env.get('CNI_IFNAME', '')}"
     try:
         conn.settimeout(HANDSHAKE_TIMEOUT)
         conn.sendall(wire.encode_answer(code, stdout, stderr))
+        sent: OSError | None = None
     except OSError as exc:  # the runtime killed the client: the call ran all the same
-        log.info("%s finished after its client left: %s", call, exc)
+        sent = exc
+    elapsed = (time.monotonic() - started) * 1000
+    call = f"{plugin} {env.get('CNI_COMMAND')} {env.get('CNI_CONTAINERID', '')}/{env.get('CNI_IFNAME', '')}"
+    if sent is not None:
+        log.info("%s finished after its client left: %s", call, sent)
         return
-    log.info("served %s: exit %d in %.1f ms", call, code, (time.monotonic() - started) * 1000)
+    log.info("served %s: exit %d in %.1f ms%s", call, code, elapsed, _imported_note())
+
+
+_warm_modules: frozenset[str] = frozenset()  # what the agent had imported when it forked workers
+
+
+def note_warm_modules() -> None:
+    """Called by the agent at the end of its warm-up, before any worker is forked."""
+    global _warm_modules
+    _warm_modules = frozenset(sys.modules)
+
+
+def _imported_note() -> str:
+    """Names the modules this worker imported: an import in a worker is paid again on every call
+    (and read from the caller's mounts), so they belong in the agent's warm-up list."""
+    if not _warm_modules or len(sys.modules) == len(_warm_modules):
+        return ""
+    new = sorted(set(sys.modules) - _warm_modules)
+    return f"; imported {len(new)} modules the agent did not warm: {', '.join(new[:8])}" if new else ""
 
 
 def _accept_call(
