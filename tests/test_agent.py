@@ -8,6 +8,7 @@ ran, which proves the worker takes the caller's namespaces and environment; the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -674,3 +675,130 @@ print(json.dumps(a is None))
     assert json.loads(out.stdout) is True
     assert not marker.exists()
     assert "another file in the caller's mount namespace" in agent.log.read_text()
+
+
+# --- workers that serve several calls ----------------------------------------------------------
+
+
+def _call_from(netns_name: str, sock: str, marker: Path, **conf: object) -> tuple[int, int, int]:
+    """A probe ADD from a caller in ``netns_name`` (``ip netns exec``: its own mounts too), or from
+    this test process when empty. Returns (exit code, caller's net inode, caller's mnt inode)."""
+    stdin = probe_conf(probeFile=str(marker), **conf)
+    if not netns_name:
+        answer = client.forward("probe", cni_env("ADD"), stdin, path=sock)
+        assert answer is not None
+        return answer.code, os.stat("/proc/self/ns/net").st_ino, os.stat("/proc/self/ns/mnt").st_ino
+    script = (
+        "import json,os; from rdma_cni.agent import client; "
+        f"a = client.forward('probe', {cni_env('ADD')!r}, {stdin!r}, path={sock!r}); "
+        "print(json.dumps([a.code if a else -1, os.stat('/proc/self/ns/net').st_ino, "
+        "os.stat('/proc/self/ns/mnt').st_ino]))"
+    )
+    out = subprocess.run(["ip", "netns", "exec", netns_name, sys.executable, "-c", script], check=True,
+                         capture_output=True, cwd=REPO)
+    code, net, mnt = json.loads(out.stdout)
+    return int(code), int(net), int(mnt)
+
+
+def test_a_worker_serves_calls_one_after_another_each_in_its_callers_namespaces(
+    tmp_path: Path, netns: list[str]
+) -> None:
+    """Callers alternate between this process (the agent's own mounts, which a worker does not
+    join again) and another netns (with its own mounts): a worker serves several of them, and each
+    call still runs exactly where its caller is, so a worker went home after each call."""
+    running = start_agent(tmp_path, "--prefork", "1")  # one idle worker: it takes every next call
+    other = new_netns(netns)
+    try:
+        pids = []
+        for i, caller in enumerate(["", other] * 4):
+            marker = tmp_path / f"call{i}.json"
+            code, net, mnt = _call_from(caller, running.sock, marker)
+            where = read_json(marker)
+            assert code == 0 and (where["net"], where["mnt"], where["cwd"]) == (net, mnt, "/"), i
+            pids.append(where["pid"])
+            time.sleep(0.1)  # the spare forked during the call is trimmed again
+        # Consecutive calls of the same worker came from different namespaces.
+        assert any(a == b for a, b in itertools.pairwise(pids)), pids
+        assert "exits after its call" not in running.log.read_text()
+    finally:
+        stop(running.proc)
+
+
+@pytest.mark.parametrize("leak,why", [({"leakFd": True}, "descriptor"), ({"leaveThread": 5}, "thread")])
+def test_a_call_that_leaves_something_behind_ends_its_worker(
+    tmp_path: Path, leak: dict[str, object], why: str
+) -> None:
+    running = start_agent(tmp_path, "--prefork", "1")
+    try:
+        marker = tmp_path / "leak.json"
+        assert _call_from("", running.sock, marker, **leak)[0] == 0
+        leaker = int(read_json(marker)["pid"])  # type: ignore[call-overload]
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{leaker}") and _state(leaker) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not os.path.exists(f"/proc/{leaker}") or _state(leaker) == "Z"
+        assert f"worker {leaker} exits after its call: the call left 1 {why}" in running.log.read_text()
+        for i in range(3):  # the calls after it are served as usual
+            marker = tmp_path / f"after{i}.json"
+            assert _call_from("", running.sock, marker)[0] == 0
+            assert read_json(marker)["pid"] != leaker
+    finally:
+        stop(running.proc)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def test_calls_per_worker_bounds_how_many_calls_a_worker_serves(tmp_path: Path) -> None:
+    running = start_agent(tmp_path, "--calls-per-worker", "2")
+    try:
+        pids: dict[object, int] = {}
+        for i in range(8):
+            marker = tmp_path / f"n{i}.json"
+            assert _call_from("", running.sock, marker)[0] == 0
+            pid = read_json(marker)["pid"]
+            pids[pid] = pids.get(pid, 0) + 1
+        assert max(pids.values()) == 2, pids
+    finally:
+        stop(running.proc)
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out |= {int(c) for c in f.read().split()}
+    return out
+
+
+def test_after_a_burst_the_surplus_idle_workers_leave_and_no_call_is_lost(tmp_path: Path) -> None:
+    running = start_agent(tmp_path)
+    try:
+        results: list[object] = []
+        calls = [
+            threading.Thread(target=lambda i=i: results.append(client.forward(
+                "probe", cni_env("ADD"), probe_conf(sleep=0.5, probeFile=str(tmp_path / f"b{i}.json")),
+                path=running.sock)))
+            for i in range(6)
+        ]
+        for t in calls:
+            t.start()
+        for t in calls:
+            t.join()
+        assert len(results) == 6 and all(a is not None and a.code == 0 for a in results)  # type: ignore[attr-defined]
+        served = {read_json(tmp_path / f"b{i}.json")["pid"] for i in range(6)}
+        assert len(served) == 6
+        deadline = time.monotonic() + 10
+        while len(_children(running.pid)) != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_children(running.pid)) == 2  # prefork idle workers, no more
+        marker = tmp_path / "after.json"
+        assert _call_from("", running.sock, marker)[0] == 0
+        assert read_json(marker)["pid"] in served  # a kept worker is one that had served (warm)
+    finally:
+        stop(running.proc)

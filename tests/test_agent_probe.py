@@ -4,7 +4,8 @@ The probe does nothing to the network: it reports where and how it ran (pid, net
 namespace inodes, an environment variable, the whole environment, cwd, scheduling policy) into the
 file named by its
 config's ``probeFile``, writes a line on stderr, and can sleep during ADD/DEL (``sleep`` seconds,
-after writing ``startedFile``) so a test can kill the process running it mid-call.
+after writing ``startedFile``) so a test can kill the process running it mid-call. ``leakFd`` and
+``leaveThread`` (seconds) make it leave a descriptor or a running thread behind.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -37,9 +39,19 @@ def where_am_i() -> dict[str, object]:
     }
 
 
+LEFT_BEHIND: list[object] = []  # what a probe told to leak something keeps alive
+
+
 class Probe:
     def _report(self, req: Request) -> None:
         sys.stderr.write(f"probe {req.command} on stderr\n")
+        if req.config.get("leakFd"):
+            LEFT_BEHIND.append(open(os.devnull))  # left open on purpose
+        if req.config.get("leaveThread"):
+            seconds = float(req.config["leaveThread"])
+            thread = threading.Thread(target=time.sleep, args=(seconds,), daemon=True)
+            thread.start()
+            LEFT_BEHIND.append(thread)
         started = req.config.get("startedFile")
         if started:
             with open(started, "w") as f:

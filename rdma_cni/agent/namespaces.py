@@ -33,6 +33,32 @@ def enter_caller(net_fd: int, mnt_fd: int) -> bool:
     return moved
 
 
+class Home:
+    """The worker's own network and mount namespaces, held open so it can go back after a call:
+    a worker that serves several calls must start each one from where a fresh fork would."""
+
+    def __init__(self) -> None:
+        self.net_fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self.mnt_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        self.net_inode = os.fstat(self.net_fd).st_ino
+        self.mounts = _ident(os.fstat(self.mnt_fd))
+
+    def go_back(self) -> None:
+        """Rejoin both namespaces (mounts only if they changed) and check that it took."""
+        if _ident(os.stat("/proc/self/ns/mnt")) != self.mounts:
+            setns(self.mnt_fd, CLONE_NEWNS)
+        setns(self.net_fd, CLONE_NEWNET)
+        os.chdir("/")
+        if os.stat("/proc/thread-self/ns/net").st_ino != self.net_inode:
+            raise OSError(f"still outside the agent's netns after setns (inode {self.net_inode})")
+        if _ident(os.stat("/proc/self/ns/mnt")) != self.mounts:
+            raise OSError("still outside the agent's mount namespace after setns")
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
+
+
 PR_SET_PDEATHSIG = 1
 
 CodeAnchors = dict[str, tuple[int, int]]

@@ -139,7 +139,9 @@ def run_as_caller(registry: Registry, plugin: str, env: dict[str, str], stdin: b
         sys.stderr.write(f"rdma-agent: {plugin} crashed: {exc!r}\n")
     sys.stderr.flush()
     sys.stdout.flush()
+    _fresh_logging()  # closes the plugin's log file: the next call in this worker opens its own
     captured = _read_tail(capture)
+    os.close(capture)
     os.dup2(agent_stderr, 2)  # the agent's own log lines go to the agent's stderr again
     os.dup2(agent_stderr, 1)
     os.close(agent_stderr)
@@ -166,7 +168,31 @@ def _fresh_logging() -> None:
     root = logging.getLogger("rdma_cni")
     for handler in list(root.handlers):
         root.removeHandler(handler)
+        if isinstance(handler, logging.FileHandler):
+            handler.close()  # the plugin's log file (the agent's own handlers are not FileHandlers)
     plugin_log._configured.clear()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def unfit_for_another_call(home: namespaces.Home, fds: int) -> str:
+    """Why this worker must not serve another call ("" when it may): it is back in the agent's
+    namespaces, and the call left no thread or descriptor behind. A call that leaked something is
+    not trusted to have left nothing else: its worker exits, and a fresh fork takes its place."""
+    import threading
+
+    try:
+        home.go_back()
+    except OSError as exc:
+        return f"cannot return to the agent's namespaces: {exc}"
+    if threading.active_count() != 1:
+        return f"the call left {threading.active_count() - 1} thread(s) running"
+    now = open_fds()
+    if now != fds:
+        return f"the call left {now - fds} descriptor(s) open"
+    return ""
 
 
 def _read_tail(fd: int) -> str:

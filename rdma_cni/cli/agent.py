@@ -44,6 +44,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-workers", type=int, default=32, help="calls served at once; more run in-process")
     ap.add_argument("--prefork", type=int, default=2, help="idle workers kept ready for the next call")
     ap.add_argument(
+        "--calls-per-worker",
+        type=int,
+        default=64,
+        help="calls a worker serves (each from a clean slate) before a fresh fork replaces it; 1: a "
+        "fresh fork for every call",
+    )
+    ap.add_argument(
         "--no-prefault",
         dest="prefault",
         action="store_false",
@@ -117,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         max_workers=args.max_workers,
         prefork=args.prefork,
         prefault=args.prefault,
+        calls_per_worker=max(1, args.calls_per_worker),
         targets=targets,
     )
     agent = Agent(config)
