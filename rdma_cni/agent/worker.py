@@ -1,9 +1,11 @@
 """One CNI call in a forked worker: take the request, become the caller, run the plugin, answer.
 
-Why a fork per call: the plugin code switches the netns of its thread, holds node-wide locks, and
-configures logging per config — all per-process state. A fresh copy of the warm agent per call keeps
-every call exactly as isolated as a cold CNI executable would be, and a worker that is killed takes
-nothing with it but its own call. The fork is cheap because the parent holds only imported modules.
+Why forked workers: the plugin code switches the netns of its thread, holds node-wide locks, and
+configures logging per config — all per-process state. A worker is a copy of the warm agent that
+serves calls one at a time, each from the state a fresh fork would have: the agent's namespaces,
+the caller's environment, no plugin log file, no thread or descriptor left by the call before
+(:func:`unfit_for_another_call`; a worker that cannot show that exits). A worker that is killed
+takes nothing with it but its own call.
 """
 
 from __future__ import annotations
