@@ -139,6 +139,9 @@ class Agent:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             raise RuntimeError(f"another rdma-agent holds {path}.lock") from exc
+        # Before the socket is visible: a SIGTERM from then on must remove it (serve() sees _stop).
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
         tmp = f"{path}.{os.getpid()}.tmp"
         _unlink(tmp)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
