@@ -802,3 +802,30 @@ def test_after_a_burst_the_surplus_idle_workers_leave_and_no_call_is_lost(tmp_pa
         assert read_json(marker)["pid"] in served  # a kept worker is one that had served (warm)
     finally:
         stop(running.proc)
+
+
+def test_back_to_back_bursts_while_surplus_workers_are_trimmed_lose_no_call(tmp_path: Path) -> None:
+    """Each burst forks workers beyond PREFORK and the next one starts while the surplus is being
+    told to leave: every call must still be answered by the agent (a worker that took a connection
+    serves it; one told to leave while waiting takes none). Lost 2 of 240 when the SIGTERM handler
+    could fire between accept() and the call being noted."""
+    running = start_agent(tmp_path)
+    try:
+        answers: list[object] = []
+        for _ in range(30):
+            calls = [
+                threading.Thread(
+                    target=lambda: answers.append(
+                        client.forward("probe", cni_env("DEL"), probe_conf(sleep=0.02), 30, running.sock)
+                    )
+                )
+                for _ in range(8)
+            ]
+            for t in calls:
+                t.start()
+            for t in calls:
+                t.join()
+        assert len(answers) == 240
+        assert [a for a in answers if not isinstance(a, client.Answer) or a.code != 0] == []
+    finally:
+        stop(running.proc)
