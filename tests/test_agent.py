@@ -829,3 +829,34 @@ def test_back_to_back_bursts_while_surplus_workers_are_trimmed_lose_no_call(tmp_
         assert [a for a in answers if not isinstance(a, client.Answer) or a.code != 0] == []
     finally:
         stop(running.proc)
+
+
+def _burst(sock: str, tmp: Path, tag: str, n: int = 6) -> set[int]:
+    """n overlapping calls; the pids of the workers that served them."""
+    answers: list[object] = []
+
+    def call(i: int) -> None:
+        stdin = probe_conf(sleep=0.5, probeFile=str(tmp / f"{tag}{i}.json"))
+        answers.append(client.forward("probe", cni_env("ADD"), stdin, 30, sock))
+
+    calls = [threading.Thread(target=call, args=(i,)) for i in range(n)]
+    for t in calls:
+        t.start()
+    for t in calls:
+        t.join()
+    assert len(answers) == n and all(isinstance(a, client.Answer) and a.code == 0 for a in answers)
+    return {int(str(read_json(tmp / f"{tag}{i}.json")["pid"])) for i in range(n)}
+
+
+def test_workers_left_from_a_burst_serve_the_next_burst_then_leave(tmp_path: Path) -> None:
+    """Surplus idle workers stay --trim-after seconds: a second burst right after the first is
+    served by the first one's (warm) workers, no fork; later only PREFORK idle workers remain."""
+    running = start_agent(tmp_path, "--trim-after", "5")
+    try:
+        first = _burst(running.sock, tmp_path, "a")
+        assert len(first) == 6
+        second = _burst(running.sock, tmp_path, "b")
+        assert second == first
+        wait_for_children(running.pid, 2, timeout=30)
+    finally:
+        stop(running.proc)

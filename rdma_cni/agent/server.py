@@ -37,6 +37,10 @@ PREFORK = 2  # idle workers kept ready when no call runs (top_up); more only cos
 # and the copy-on-write faults (measured: ADD -x ms), and the bound keeps whatever a call leaves in
 # Python's heap from accumulating.
 CALLS_PER_WORKER = 64
+# Idle workers beyond PREFORK leave only after this long without a call: pods often start in
+# bursts, and a worker kept from the last burst serves the next one without a fork or its
+# copy-on-write faults (bench: 8 concurrent DELs right after 8 ADDs found 2 warm workers, not 8).
+TRIM_AFTER = 3.0
 # A prefaulted worker holds a private copy of the agent's writable pages (~30 MiB) for its call, an
 # unprefaulted one ~7.5 MiB; with this many calls already running a new idle worker stays shared, so
 # at most PREFAULT_BUSY_LIMIT + PREFORK workers are prefaulted (32 calls at once: ~480 MiB, seed limit
@@ -73,6 +77,7 @@ class AgentConfig:
     prefork: int = PREFORK
     prefault: bool = True  # idle workers take their copy-on-write faults before a call (prefault.py)
     calls_per_worker: int = CALLS_PER_WORKER  # 1: a fresh fork for every call
+    trim_after: float = TRIM_AFTER  # seconds a surplus idle worker is kept
     targets: dict[str, str] | None = None
 
 
@@ -85,6 +90,7 @@ class Agent:
     busy: set[int] = field(default_factory=set)  # serving one call each
     leaving: set[int] = field(default_factory=set)  # surplus idle workers told to exit (SIGTERM)
     served: set[int] = field(default_factory=set)  # workers that have served a call (live ones)
+    idle_since: dict[int, float] = field(default_factory=dict)  # monotonic time each went idle
     jobs: set[int] = field(default_factory=set)  # reconcile passes
     anchors: namespaces.CodeAnchors = field(default_factory=dict)
     _events: tuple[int, int] = (-1, -1)  # pipe: +pid when a worker takes a call, -pid when idle again
@@ -231,15 +237,22 @@ class Agent:
         target = min(cfg.prefork, 1) if self.busy else cfg.prefork
         while len(self.idle) < target and len(self.idle) + len(self.busy) < cfg.max_workers:
             warm = cfg.prefault and len(self.busy) < PREFAULT_BUSY_LIMIT
-            self.idle.add(self._fork(functools.partial(self._wait_for_call, warm), die_with_parent=True))
+            pid = self._fork(functools.partial(self._wait_for_call, warm), die_with_parent=True)
+            self.idle.add(pid)
+            self.idle_since[pid] = time.monotonic()
 
     def trim(self) -> None:
         """After a burst, workers that went back to waiting outnumber ``prefork``: SIGTERM the
         surplus. The signal only notes the request (it never interrupts anything): a worker leaves
-        when it next looks for a connection, so one that took a call meanwhile serves it first."""
+        when it next looks for a connection, so one that took a call meanwhile serves it first.
+        Only workers idle for ``trim_after`` go: the next burst may come soon."""
+        since = time.monotonic() - self.config.trim_after
         while len(self.idle) > self.config.prefork:
-            fresh = self.idle - self.served  # keep the workers whose pages a call already made theirs
-            pid = min(fresh) if fresh else min(self.idle)
+            rested = {pid for pid in self.idle if self.idle_since.get(pid, 0.0) <= since}
+            if not rested:
+                return
+            fresh = rested - self.served  # keep the workers whose pages a call already made theirs
+            pid = min(fresh) if fresh else min(rested)
             self.idle.discard(pid)
             self.leaving.add(pid)
             try:
@@ -294,6 +307,7 @@ class Agent:
             elif pid < 0 and -pid in self.busy:
                 self.busy.discard(-pid)
                 self.idle.add(-pid)
+                self.idle_since[-pid] = time.monotonic()
 
     def wake_idle(self) -> None:
         """A connection arrived: every idle worker back to normal priority, so one that is copying
@@ -358,6 +372,7 @@ class Agent:
                 if done:
                     group.discard(pid)
                     self.served.discard(pid)
+                    self.idle_since.pop(pid, None)
 
     def _on_stop(self, signum: int, _frame: object) -> None:
         log.info("signal %d: stopping (running workers finish their calls)", signum)

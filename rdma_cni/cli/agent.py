@@ -51,6 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "fresh fork for every call",
     )
     ap.add_argument(
+        "--trim-after",
+        type=float,
+        default=3.0,
+        help="seconds idle workers beyond --prefork (left from a burst of calls) are kept for the next",
+    )
+    ap.add_argument(
         "--no-prefault",
         dest="prefault",
         action="store_false",
@@ -125,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         prefork=args.prefork,
         prefault=args.prefault,
         calls_per_worker=max(1, args.calls_per_worker),
+        trim_after=max(0.0, args.trim_after),
         targets=targets,
     )
     agent = Agent(config)
