@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from test_agent import (
-    client,
     cni_env,
     probe_conf,
     read_json,
@@ -26,7 +25,7 @@ from test_agent import (
     wait_for_children,
 )
 
-from rdma_cni.agent import prefault
+from rdma_cni.agent import client, prefault
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 PAGES = 256  # 1 MiB at 4 KiB pages
