@@ -249,7 +249,9 @@ class NodeState:
         return self._load(self.path(container_id, ifname))
 
     def remove(self, container_id: str, ifname: str) -> bool:
-        """The commit first: a crash in between leaves the write-ahead record, which DEL redoes."""
+        """The commit first: a crash in between leaves the write-ahead record, which DEL redoes.
+        The record's removal is synced: one that a power loss brought back would make the agent's
+        reconcile re-add host addresses and routes the record holds, long after the DEL."""
         path = self.path(container_id, ifname)
         try:
             os.unlink(path + COMMIT_SUFFIX)

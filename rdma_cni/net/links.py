@@ -91,10 +91,13 @@ def set_up(ipr: RtnlSocket, index: int) -> None:
 def delete_link(ipr: RtnlSocket, name: str) -> bool:
     """Delete by name; False when it was not there."""
     link = get_link(ipr, name)
-    if link is None:
-        return False
+    return link is not None and delete_index(ipr, link.index)
+
+
+def delete_index(ipr: RtnlSocket, index: int) -> bool:
+    """Delete by index; False when it was not there (any more)."""
     try:
-        ipr.link_del(link.index)
+        ipr.link_del(index)
     except OSError as exc:
         if error_code(exc) in (errno.ENODEV, errno.ENOENT):
             return False

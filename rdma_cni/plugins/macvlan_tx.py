@@ -207,15 +207,11 @@ def delete_pod_links(rec: AttachmentRecord, ns: Netns) -> None:
     try:
         for b in rec.bonds:
             for name in (b.pod_ifname, b.temp_name):
-                if _ours(pod, name, b):
-                    links.delete_link(pod, name)
+                link = links.get_link(pod, name)
+                if link is not None and link.kind == "macvlan":  # ours: nothing else has that name
+                    links.delete_index(pod, link.index)
     finally:
         pod.close()
-
-
-def _ours(pod: Any, name: str, b: BondRecord) -> bool:
-    link = links.get_link(pod, name)
-    return link is not None and link.kind == "macvlan"
 
 
 def restore_host(host: Any, b: BondRecord) -> list[str]:
