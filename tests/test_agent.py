@@ -683,7 +683,7 @@ print(json.dumps(a is None))
 def _call_from(netns_name: str, sock: str, marker: Path, **conf: object) -> tuple[int, int, int]:
     """A probe ADD from a caller in ``netns_name`` (``ip netns exec``: its own mounts too), or from
     this test process when empty. Returns (exit code, caller's net inode, caller's mnt inode)."""
-    stdin = probe_conf(probeFile=str(marker), **conf)
+    stdin = probe_conf("1.1.0", probeFile=str(marker), **conf)
     if not netns_name:
         answer = client.forward("probe", cni_env("ADD"), stdin, path=sock)
         assert answer is not None
