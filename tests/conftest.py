@@ -1,4 +1,10 @@
-"""Shared pytest fixtures. ``node_ns``: a node + switch netns pair from :mod:`netns`, removed afterwards."""
+"""Shared pytest fixtures. ``node_ns``: a node + switch netns pair from :mod:`netns`, removed afterwards.
+
+A test module marked ``both_modes`` runs every test that uses ``node_ns`` twice: with the plugin
+run in-process (``python -m rdma_cni.cli.macvlan``) and as shipped (the C client answered by an
+``rdma-agent``, fallback disabled). ``in_process_only`` keeps a test to the first (it signals the
+plugin's own process, which in agent mode is the client, not the worker doing the work).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,17 @@ import pytest
 from netns import Node, can_run, node
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "node_ns" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("both_modes"):
+        return
+    only = metafunc.definition.get_closest_marker("in_process_only")
+    metafunc.parametrize("node_ns", ["in-process"] if only else ["in-process", "agent"], indirect=True)
+
+
 @pytest.fixture
-def node_ns() -> Iterator[Node]:
+def node_ns(request: pytest.FixtureRequest) -> Iterator[Node]:
     reason = can_run()
     if reason:
         pytest.skip(reason)
-    with node() as n:
+    with node(getattr(request, "param", "in-process")) as n:
         yield n

@@ -13,6 +13,10 @@ switch netns holding a peer address, so pods can ping through their interfaces.
 
 Names carry the prefix ``h2-`` plus the pid and a random tag, so parallel test runs do not collide.
 Only 198.51.100.0/24 and 203.0.113.0/24 are used.
+
+``node(mode="agent")`` runs the same plugin the way the DaemonSet ships it: an ``rdma-agent`` inside
+the node netns, and the static C client as the plugin executable with its in-process fallback
+disabled, so every call a test makes is proven to have been answered by an agent worker.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,6 +110,11 @@ class Node:
     tmp: str
     pods: list[Pod] = field(default_factory=list)
     bonds: list[str] = field(default_factory=list)
+    mode: str = "in-process"  # or "agent": the C client and an rdma-agent in the node netns
+
+    @property
+    def agent_socket(self) -> str:
+        return os.path.join(self.tmp, "agent.sock")
 
     @property
     def data_dir(self) -> str:
@@ -216,10 +226,15 @@ class Node:
             "CNI_PATH": "/usr/lib/cni:/opt/cni/bin",
             "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p",
         }
+        if self.mode == "agent":
+            env["RDMA_CNI_AGENT_SOCKET"] = self.agent_socket
+            env["RDMA_CNI_FALLBACK"] = "/bin/false"  # a call the agent did not answer fails the test
         env.update(extra or {})
         return env
 
     def argv(self) -> list[str]:
+        if self.mode == "agent":
+            return ["ip", "netns", "exec", self.name, c_client()]
         return ["ip", "netns", "exec", self.name, *PLUGIN]
 
     def plugin(self, command: str, conf: Mapping[str, Any], pod: Pod | str | None = None,
@@ -274,12 +289,55 @@ def _result(code: int, stdout: str, stderr: str) -> PluginResult:
     return PluginResult(code, out, stdout, stderr)
 
 
+_CLIENT_DIR: list[str] = []
+
+
+def c_client() -> str:
+    """``rdma-macvlan`` as shipped: the C client (built once per test run by scripts/build-client)."""
+    if not _CLIENT_DIR:
+        out = tempfile.mkdtemp(prefix=f"{PREFIX}client-")
+        sh(os.path.join(REPO, "scripts", "build-client"), "--out", out, timeout=300)
+        os.symlink("rdma-cni-client", os.path.join(out, "rdma-macvlan"))
+        _CLIENT_DIR.append(out)
+    return os.path.join(_CLIENT_DIR[0], "rdma-macvlan")
+
+
+def _start_agent(n: Node) -> subprocess.Popen[bytes]:
+    log = open(os.path.join(n.tmp, "agent.log"), "wb")  # the agent keeps its own copy of the fd
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", n.name, sys.executable, "-m", "rdma_cni.cli.agent", "--socket",
+         n.agent_socket, "--reconcile-interval", "-1"],
+        stdout=log, stderr=log, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(n.agent_socket):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_agent(proc)
+            with open(os.path.join(n.tmp, "agent.log")) as f:
+                raise RuntimeError(f"rdma-agent did not start: {f.read()[-2000:]}")
+        time.sleep(0.02)
+    return proc
+
+
+def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @contextmanager
-def node() -> Iterator[Node]:
-    """A node netns + switch netns + temp dirs; everything (pods included) removed on exit."""
+def node(mode: str = "in-process") -> Iterator[Node]:
+    """A node netns + switch netns + temp dirs (+ an rdma-agent in ``agent`` mode); everything (pods
+    included) removed on exit."""
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
     n = Node(tag=tag, name=f"{PREFIX}{tag}-node", switch=f"{PREFIX}{tag}-sw",
-             tmp=tempfile.mkdtemp(prefix=f"{PREFIX}{tag}-"))
+             tmp=tempfile.mkdtemp(prefix=f"{PREFIX}{tag}-"), mode=mode)
+    agent: subprocess.Popen[bytes] | None = None
     try:
         sh("ip", "netns", "add", n.name)
         sh("ip", "netns", "add", n.switch)
@@ -289,8 +347,12 @@ def node() -> Iterator[Node]:
         for ns in (n.name, n.switch):
             sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0",
                "net.ipv6.conf.default.dad_transmits=0")
+        if mode == "agent":
+            agent = _start_agent(n)
         yield n
     finally:
+        if agent is not None:
+            _stop_agent(agent)
         for pod in n.pods:
             sh("ip", "netns", "del", pod.name, check=False)
         sh("ip", "netns", "del", n.name, check=False)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from netns import Node, Pod, finish
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.both_modes]
 
 
 def eight_bonds(n: Node) -> dict[str, object]:
@@ -106,6 +106,7 @@ def _in_flight_add(n: Node, conf: dict[str, object], pod: Pod) -> subprocess.Pop
     return proc
 
 
+@pytest.mark.in_process_only
 def test_other_adds_run_while_an_add_is_in_flight_and_gc_leaves_it_alone(node_ns: Node) -> None:
     n = node_ns
     conf = eight_bonds(n)
@@ -131,6 +132,7 @@ def test_other_adds_run_while_an_add_is_in_flight_and_gc_leaves_it_alone(node_ns
     assert n.state_files() == []
 
 
+@pytest.mark.in_process_only
 def test_del_of_an_in_flight_add_waits_for_it_then_restores_the_node(node_ns: Node) -> None:
     n = node_ns
     conf = eight_bonds(n)
@@ -149,6 +151,7 @@ def test_del_of_an_in_flight_add_waits_for_it_then_restores_the_node(node_ns: No
     assert n.state_files() == []
 
 
+@pytest.mark.in_process_only
 def test_reclaim_by_another_add_skips_an_in_flight_add_whose_netns_vanished(node_ns: Node) -> None:
     n = node_ns
     conf = eight_bonds(n)

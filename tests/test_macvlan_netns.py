@@ -13,7 +13,7 @@ import os
 import pytest
 from netns import Node, Pod, sh
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.both_modes]
 
 
 def add_bonds(n: Node, count: int, secondary: bool = True, routes: bool = True) -> list[tuple[str, str, str]]:

@@ -19,7 +19,7 @@ from netns import Node, Pod
 from rdma_cni.rdma import sysfs
 from rdma_cni.sim.node import daemon, wait_watched
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.both_modes]
 
 
 @pytest.fixture
@@ -146,6 +146,7 @@ def test_status_reports_the_mode_mismatch_as_50(rdma_node: tuple[Node, str]) -> 
     assert res.code == 1 and res.out["code"] == 50
 
 
+@pytest.mark.in_process_only
 def test_kill_at_every_step_then_del_gives_back_ip_slot_and_records(rdma_node: tuple[Node, str]) -> None:
     from rdma_cni.plugins.macvlan_tx import ADD_STEPS
 
