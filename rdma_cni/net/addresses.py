@@ -49,9 +49,18 @@ def is_ipv6(rec: Record) -> bool:
 
 
 def _movable(rec: Record) -> bool:
-    if rec["family"] == socket.AF_INET:
+    return movable(rec["family"], rec["scope"], _flags(rec))
+
+
+def movable(family: int, scope: int, flags: int) -> bool:
+    if family == socket.AF_INET:
         return True
-    return rec["scope"] != RT_SCOPE_LINK and bool(_flags(rec) & IFA_F_PERMANENT)
+    return family == socket.AF_INET6 and scope != RT_SCOPE_LINK and bool(flags & IFA_F_PERMANENT)
+
+
+def holds_movable(ipr: RtnlSocket, index: int) -> bool:
+    """Whether the link has an address ADD would move (STATUS: without decoding any record)."""
+    return any(movable(*kind) for kind in ipr.addr_kinds(index))
 
 
 def snapshot(ipr: RtnlSocket, index: int) -> list[Record]:

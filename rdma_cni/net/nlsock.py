@@ -48,6 +48,7 @@ RTM_GETADDR = 22
 RTM_GETROUTE = 26
 RTM_GETRULE = 34
 
+IFA_FLAGS = 8
 IFLA_ADDRESS = 1
 IFLA_IFNAME = 3
 IFLA_MTU = 4
@@ -297,6 +298,21 @@ class RtnlSocket:
         # ifa_index sits right after the 4 one-byte fields: filter before the (costly) decode.
         keep = [m for m in raw if not index or _U32.unpack_from(m, _NLMSGHDR.size + 4)[0] == index]
         return [_decoded(ifaddrmsg, m) for m in keep]
+
+    def addr_kinds(self, index: int) -> list[tuple[int, int, int]]:
+        """(family, scope, flags) of each address of ``index``, read from the raw messages (IFA_FLAGS
+        when present, else the header's 8 bits): enough to tell which are movable, without decoding."""
+        out = []
+        for m in self.dump(RTM_GETADDR, struct.pack("=BBBBI", 0, 0, 0, 0, 0)):
+            family, _, flags, scope, got = struct.unpack_from("=BBBBI", m, _NLMSGHDR.size)
+            if got != index:
+                continue
+            end = _NLMSGHDR.unpack_from(m)[0]
+            for kind, value in attributes(m, _NLMSGHDR.size + 8, end):
+                if kind == IFA_FLAGS:
+                    flags = _U32.unpack_from(value)[0]
+            out.append((family, scope, flags))
+        return out
 
     def route_dump(self, family: int, keep: Callable[[int, int], bool] | None = None) -> list[Any]:
         """Decoded route messages (pyroute2 ``rtmsg``); ``keep(table, proto)`` filters before decoding."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni import log as logconf
 from rdma_cni.cni import invoke
@@ -37,10 +37,13 @@ from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.net.rtnl import attr
 from rdma_cni.plugins import macvlan_rdma
 from rdma_cni.plugins import macvlan_tx as tx
-from rdma_cni.plugins.macvlan_config import MacvlanConfig, parse_config
+from rdma_cni.plugins.macvlan_config import StatusConfig, parse_config, parse_status_config
 from rdma_cni.plugins.macvlan_select import choose_bonds, describe_pins
 from rdma_cni.rdma.mode import require_mode
 from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState
+
+if TYPE_CHECKING:
+    from rdma_cni.plugins.macvlan_model import MacvlanConfig
 
 log = logging.getLogger("rdma_cni.macvlan")
 
@@ -157,15 +160,15 @@ class MacvlanPlugin:
             seen[name] = (link, addrs)
             return ""
 
+        root = cfg.sysfs_root
         return choose_bonds(
-            req, masters, cfg.count, state.pins(), usable, lambda m: macvlan_rdma.device_of(cfg, m),
-            cfg.sysfs_root,
+            req, masters, cfg.count, state.pins(), usable, lambda m: macvlan_rdma.device_of(root, m), root
         )
 
-    def _masters(self, cfg: MacvlanConfig) -> list[str]:
+    def _masters(self, cfg: MacvlanConfig | StatusConfig) -> list[str]:
         if cfg.masters:
             return list(dict.fromkeys(cfg.masters))
-        found = macvlan_rdma.default_masters(cfg)
+        found = macvlan_rdma.default_masters(cfg.sysfs_root)
         if found:
             return found
         raise CniError(
@@ -354,7 +357,8 @@ class MacvlanPlugin:
 
     # ---------------------------------------------------------------- STATUS
     def status(self, req: Request) -> None:
-        cfg = _config(req)
+        cfg = parse_status_config(req.config)  # without pydantic: STATUS may be asked every few seconds
+        logconf.configure(cfg.log_file, cfg.log_level)
         state = NodeState(cfg.data_dir)
         try:
             state.ensure()
@@ -364,7 +368,7 @@ class MacvlanPlugin:
             raise CniError(STATUS_UNAVAILABLE, f"state dir unusable: {exc}") from exc
         try:
             masters = self._masters(cfg)
-            if any(macvlan_rdma.device_of(cfg, m) for m in masters):
+            if any(macvlan_rdma.device_of(cfg.sysfs_root, m) for m in masters):
                 require_mode(cfg.sysfs_root, cfg.rdma.netns_mode)
         except CniError as exc:
             raise CniError(STATUS_UNAVAILABLE, exc.msg, exc.details) from exc
@@ -378,7 +382,7 @@ class MacvlanPlugin:
                     reasons.append(f"{m} pinned to {pins[m].container_id}")
                 elif link is None:
                     reasons.append(f"{m} does not exist")
-                elif cfg.ipam is None and not addresses.snapshot(host, link.index):
+                elif cfg.ipam is None and not addresses.holds_movable(host, link.index):
                     reasons.append(f"{m} holds no IP address")
                 else:
                     return

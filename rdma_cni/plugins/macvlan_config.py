@@ -1,4 +1,5 @@
-"""The rdma-macvlan network config (DESIGN.md "rdma-macvlan: behaviour"), validated by pydantic.
+"""The rdma-macvlan network config (DESIGN.md "rdma-macvlan: behaviour"), validated by pydantic
+(the model: :mod:`rdma_cni.plugins.macvlan_model`, imported only when a verb needs it).
 
 Keys are camelCase like every CNI config; unknown keys are ignored (a conflist may carry keys for
 other plugins); a wrong type or value is CNI error 7 naming the key and how to fix it, raised before
@@ -7,13 +8,15 @@ anything on the node is touched.
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
 
-_MODEL = ConfigDict(extra="ignore", strict=True, populate_by_name=True, frozen=True)
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from rdma_cni.plugins.macvlan_model import MacvlanConfig
 
 # What to tell the user for each key, shown with the validation problem.
 FIXES = {
@@ -36,35 +39,12 @@ FIXES = {
 }
 
 
-class RdmaConfig(BaseModel):
-    model_config = _MODEL
-
-    netns_mode: Literal["shared", "exclusive"] = Field("shared", alias="netnsMode")
-    required: bool = True
-    gid_index: Literal["host"] | int = Field("host", alias="gidIndex")
-    gid_timeout_ms: int = Field(2000, alias="gidTimeoutMs", ge=0, le=600_000)
-
-
-class MacvlanConfig(BaseModel):
-    model_config = _MODEL
-
-    name: str = ""
-    masters: list[str] | None = None
-    count: int = Field(1, ge=1, le=64)
-    mode: Literal["bridge", "private", "vepa", "passthru"] = "bridge"
-    mtu: int | None = Field(None, ge=68, le=65535)
-    pod_if_name: Literal["master", "cni"] = Field("master", alias="podIfName")
-    ipam: dict[str, Any] | None = None
-    rdma: RdmaConfig = Field(default_factory=lambda: RdmaConfig.model_validate({}))
-    data_dir: str = Field("/var/lib/cni/rdma-macvlan", alias="dataDir", min_length=1)
-    run_dir: str = Field("/run/rdma-cni", alias="runDir", min_length=1)
-    sysfs_root: str = Field("/sys", alias="sysfsRoot", min_length=1)
-    log_file: str = Field("/var/log/rdma-cni/rdma-cni.log", alias="logFile")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", alias="logLevel")
-
-
 def parse_config(raw: dict[str, Any]) -> MacvlanConfig:
     """Validate the network config; the first problem becomes CNI error 7 naming key and fix."""
+    from pydantic import ValidationError
+
+    from rdma_cni.plugins.macvlan_model import MacvlanConfig
+
     try:
         cfg = MacvlanConfig.model_validate(raw)
     except ValidationError as exc:
@@ -92,3 +72,80 @@ def _config_error(exc: ValidationError) -> CniError:
     got = err.get("input")
     shown = repr(got) if not isinstance(got, dict) else "an object"
     return CniError(INVALID_CONFIG, f"config key '{key}' is invalid ({err['msg']}, got {shown}): use {fix}")
+
+
+# --- STATUS: the keys it reads, without pydantic -------------------------------------------------
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+NETNS_MODES = ("shared", "exclusive")
+
+
+@dataclass(frozen=True)
+class StatusRdma:
+    netns_mode: str = "shared"
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    """What STATUS reads of the config, named like the model's fields. A runtime may ask STATUS of a
+    cold plugin every few seconds, and pydantic alone is ~90 ms of a cold start: these keys are
+    checked here as the model checks them (same types, same messages; a test keeps the two in step).
+    The keys STATUS does not read are left to ADD's full validation."""
+
+    masters: list[str] | None
+    data_dir: str
+    sysfs_root: str
+    ipam: dict[str, Any] | None
+    log_file: str
+    log_level: str
+    rdma: StatusRdma
+
+
+def parse_status_config(raw: dict[str, Any]) -> StatusConfig:
+    rdma = raw.get("rdma", {})
+    if not isinstance(rdma, dict):
+        raise _bad("rdma", "Input should be a valid dictionary", rdma)
+    mode = rdma.get("netnsMode", "shared")
+    if mode not in NETNS_MODES or not isinstance(mode, str):
+        raise _bad("rdma.netnsMode", "Input should be 'shared' or 'exclusive'", mode)
+    masters = raw.get("masters")
+    if masters is not None and (
+        not isinstance(masters, list) or not masters or any(not isinstance(m, str) or not m or "/" in m
+                                                              for m in masters)
+    ):
+        raise CniError(INVALID_CONFIG, f"config key 'masters' is invalid: {FIXES['masters']}")
+    ipam = raw.get("ipam")
+    if ipam is not None and not (isinstance(ipam, dict) and isinstance(ipam.get("type"), str)):
+        raise CniError(INVALID_CONFIG, f"config key 'ipam.type' is missing or not a string: {FIXES['ipam']}")
+    level = raw.get("logLevel", "info")
+    if level not in LOG_LEVELS or not isinstance(level, str):
+        raise _bad("logLevel", "Input should be 'debug', 'info', 'warning' or 'error'", level)
+    return StatusConfig(
+        masters=list(masters) if masters is not None else None,
+        data_dir=_path(raw, "dataDir", "/var/lib/cni/rdma-macvlan"),
+        sysfs_root=_path(raw, "sysfsRoot", "/sys"),
+        ipam=ipam,
+        log_file=_text(raw, "logFile", "/var/log/rdma-cni/rdma-cni.log"),
+        log_level=level,
+        rdma=StatusRdma(netns_mode=mode),
+    )
+
+
+def _path(raw: dict[str, Any], key: str, default: str) -> str:
+    value = _text(raw, key, default)
+    if not value:
+        raise _bad(key, "String should have at least 1 character", value)
+    return value
+
+
+def _text(raw: dict[str, Any], key: str, default: str) -> str:
+    value = raw.get(key, default)
+    if not isinstance(value, str):
+        raise _bad(key, "Input should be a valid string", value)
+    return value
+
+
+def _bad(key: str, problem: str, got: Any) -> CniError:
+    shown = repr(got) if not isinstance(got, dict) else "an object"
+    fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "see the rdma-macvlan config reference"
+    return CniError(INVALID_CONFIG, f"config key '{key}' is invalid ({problem}, got {shown}): use {fix}")

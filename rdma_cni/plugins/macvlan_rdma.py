@@ -14,29 +14,31 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import NO_RDMA_DEVICE, RDMA_MODE_MISMATCH, CniError
 from rdma_cni.net import addresses
 from rdma_cni.net.netns import Netns, open_netns
-from rdma_cni.plugins.macvlan_config import MacvlanConfig
 from rdma_cni.rdma import gid, mode, nldev, records, sysfs
 from rdma_cni.state import AttachmentRecord, BondRecord
+
+if TYPE_CHECKING:
+    from rdma_cni.plugins.macvlan_model import MacvlanConfig
 
 log = logging.getLogger("rdma_cni.macvlan")
 
 
-def default_masters(cfg: MacvlanConfig) -> list[str]:
+def default_masters(sysfs_root: str) -> list[str]:
     """Every netdev that backs a RoCE port, in device order."""
     out = []
-    for port in sysfs.list_ports(cfg.sysfs_root):
+    for port in sysfs.list_ports(sysfs_root):
         if port.netdev and port.link_layer == "Ethernet" and port.netdev not in out:
             out.append(port.netdev)
     return out
 
 
-def device_of(cfg: MacvlanConfig, netdev: str) -> str | None:
-    port = sysfs.port_for_netdev(cfg.sysfs_root, netdev)
+def device_of(sysfs_root: str, netdev: str) -> str | None:
+    port = sysfs.port_for_netdev(sysfs_root, netdev)
     return port.device if port else None
 
 

@@ -1,0 +1,93 @@
+"""The cold path imports only what a verb needs: VERSION and STATUS start without pyroute2, pydantic
+or click (issue 7); ADD needs pydantic (the config model) and pyroute2's message codecs, never
+pyroute2's IPRoute, its asyncio core or its package ``__init__``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+RUN = """
+import json, sys
+from rdma_cni.cli.macvlan import SPEC
+from rdma_cni.cni import dispatch
+out, code = dispatch.run(json.loads(sys.argv[1]), sys.argv[2].encode(), SPEC)
+heavy = ("pyroute2", "pydantic", "click", "asyncio", "pyroute2.iproute", "pyroute2.ndb")
+loaded = sorted({h for h in heavy for m in sys.modules if m == h or m.startswith(h + ".")})
+print(json.dumps({"code": code, "out": out, "loaded": loaded}))
+"""
+
+
+def run_verb(command: str, tmp: str) -> dict[str, object]:
+    conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": ["lo"],
+            "dataDir": os.path.join(tmp, "data"), "runDir": os.path.join(tmp, "run"), "logFile": "",
+            "rdma": {"required": False}}
+    env = {"CNI_COMMAND": command, "CNI_PATH": "/usr/lib/cni"}
+    proc = subprocess.run([sys.executable, "-c", RUN, json.dumps(env), json.dumps(conf)], capture_output=True,
+                          text=True, cwd="/", env={**os.environ, "PYTHONPATH": REPO, "RDMA_CNI_AGENT": "off"},
+                          check=True)
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+@pytest.mark.parametrize("command", ["VERSION", "STATUS"])
+def test_version_and_status_load_no_netlink_library_no_pydantic_no_click(command: str, tmp_path: str) -> None:
+    got = run_verb(command, str(tmp_path))
+    assert got["loaded"] == [], got
+    assert got["code"] == 0, got  # STATUS: "lo" holds 127.0.0.1, an address ADD could move
+
+
+def test_status_is_not_ready_for_a_master_without_a_movable_address(tmp_path: str) -> None:
+    from rdma_cni.cli.macvlan import SPEC
+    from rdma_cni.cni import dispatch
+
+    conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": ["nosuchdev0"],
+            "dataDir": os.path.join(tmp_path, "data"), "logFile": "", "rdma": {"required": False}}
+    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni"}
+    out, code = dispatch.run(env, json.dumps(conf).encode(), SPEC)
+    assert code == 1 and json.loads(out)["code"] == 50 and "nosuchdev0 does not exist" in out
+
+
+GOOD = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": ["bond0"]}
+# Each key STATUS reads, broken the ways a config gets broken; the full model must agree.
+BROKEN = [
+    ("masters", "bond0"), ("masters", []), ("masters", [1]), ("masters", ["a/b"]), ("masters", [""]),
+    ("dataDir", ""), ("dataDir", 5), ("sysfsRoot", ""), ("sysfsRoot", None), ("logFile", 3),
+    ("logLevel", "loud"), ("logLevel", 1), ("ipam", {"subnet": "x"}), ("ipam", {"type": 1}),
+    ("rdma", "yes"), ("rdma", {"netnsMode": "private"}), ("rdma", {"netnsMode": ["shared"]}),
+]
+
+
+@pytest.mark.parametrize("key,value", BROKEN)
+def test_status_and_the_full_model_refuse_the_same_keys_naming_the_same_key(key: str, value: object) -> None:
+    from rdma_cni.cni.errors import CniError
+    from rdma_cni.plugins.macvlan_config import parse_config, parse_status_config
+
+    raw = dict(GOOD, **{key: value})
+    with pytest.raises(CniError) as light:
+        parse_status_config(raw)
+    with pytest.raises(CniError) as full:
+        parse_config(raw)
+    assert light.value.code == full.value.code == 7
+    named = key if key != "rdma" or not isinstance(value, dict) else "rdma.netnsMode"
+    assert f"'{named}" in light.value.msg and f"'{named}" in full.value.msg, (light.value.msg, full.value.msg)
+
+
+def test_status_and_the_full_model_read_a_good_config_alike() -> None:
+    from rdma_cni.plugins.macvlan_config import parse_config, parse_status_config
+
+    raw = dict(GOOD, dataDir="/d", sysfsRoot="/s", logFile="", logLevel="debug", ipam={"type": "host-local"},
+               rdma={"netnsMode": "exclusive", "required": False})
+    light, full = parse_status_config(raw), parse_config(raw)
+    for field in ("masters", "data_dir", "sysfs_root", "ipam", "log_file", "log_level"):
+        assert getattr(light, field) == getattr(full, field), field
+    assert light.rdma.netns_mode == full.rdma.netns_mode
+    defaults_light, defaults_full = parse_status_config({}), parse_config({})
+    for field in ("masters", "data_dir", "sysfs_root", "ipam", "log_file", "log_level"):
+        assert getattr(defaults_light, field) == getattr(defaults_full, field), field
