@@ -19,7 +19,11 @@ def ensure_dir(path: str, mode: int = 0o700) -> None:
 
 
 def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync(path, os.O_DIRECTORY)
+
+
+def _fsync(path: str, flags: int = 0) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:
@@ -63,11 +67,7 @@ def atomic_write_json(
 
 def sync_path(path: str) -> None:
     """Make a file written with ``sync=False`` durable now: its data, then its name in the dir."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
