@@ -65,6 +65,7 @@ MACVLAN_MODE = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8}
 
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _NLA = struct.Struct("=HH")
 _U32 = struct.Struct("=I")
 DUMP_ATTEMPTS = 5
@@ -294,25 +295,25 @@ class RtnlSocket:
         light_pyroute2()
         from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 
-        raw = self.dump(RTM_GETADDR, struct.pack("=BBBBI", family, 0, 0, 0, 0))
-        # ifa_index sits right after the 4 one-byte fields: filter before the (costly) decode.
-        keep = [m for m in raw if not index or _U32.unpack_from(m, _NLMSGHDR.size + 4)[0] == index]
-        return [_decoded(ifaddrmsg, m) for m in keep]
+        return [_decoded(ifaddrmsg, m) for m in self._addr_messages(family, index)]
 
     def addr_kinds(self, index: int) -> list[tuple[int, int, int]]:
         """(family, scope, flags) of each address of ``index``, read from the raw messages (IFA_FLAGS
         when present, else the header's 8 bits): enough to tell which are movable, without decoding."""
         out = []
-        for m in self.dump(RTM_GETADDR, struct.pack("=BBBBI", 0, 0, 0, 0, 0)):
-            family, _, flags, scope, got = struct.unpack_from("=BBBBI", m, _NLMSGHDR.size)
-            if got != index:
-                continue
+        for m in self._addr_messages(0, index):
+            family, _, flags, scope, _ = _IFADDRMSG.unpack_from(m, _NLMSGHDR.size)
             end = _NLMSGHDR.unpack_from(m)[0]
-            for kind, value in attributes(m, _NLMSGHDR.size + 8, end):
+            for kind, value in attributes(m, _NLMSGHDR.size + _IFADDRMSG.size, end):
                 if kind == IFA_FLAGS:
                     flags = _U32.unpack_from(value)[0]
             out.append((family, scope, flags))
         return out
+
+    def _addr_messages(self, family: int, index: int) -> list[bytes]:
+        """Raw address messages, only those of ``index`` when given (filtered before any decoding)."""
+        raw = self.dump(RTM_GETADDR, _IFADDRMSG.pack(family, 0, 0, 0, 0))
+        return [m for m in raw if not index or _IFADDRMSG.unpack_from(m, _NLMSGHDR.size)[4] == index]
 
     def route_dump(self, family: int, keep: Callable[[int, int], bool] | None = None) -> list[Any]:
         """Decoded route messages (pyroute2 ``rtmsg``); ``keep(table, proto)`` filters before decoding."""
