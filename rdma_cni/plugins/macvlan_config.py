@@ -49,10 +49,8 @@ def parse_config(raw: dict[str, Any]) -> MacvlanConfig:
         cfg = MacvlanConfig.model_validate(raw)
     except ValidationError as exc:
         raise _config_error(exc) from None
-    if cfg.ipam is not None and not isinstance(cfg.ipam.get("type"), str):
-        raise CniError(INVALID_CONFIG, f"config key 'ipam.type' is missing or not a string: {FIXES['ipam']}")
-    if cfg.masters is not None and (not cfg.masters or any(not m or "/" in m for m in cfg.masters)):
-        raise CniError(INVALID_CONFIG, f"config key 'masters' is invalid: {FIXES['masters']}")
+    _check_ipam(cfg.ipam)
+    _check_masters(cfg.masters)
     if isinstance(cfg.rdma.gid_index, int) and not 0 <= cfg.rdma.gid_index < 65536:
         fix = FIXES["rdma.gidIndex"]
         raise CniError(INVALID_CONFIG, f"config key 'rdma.gidIndex' is out of range: {fix}")
@@ -66,12 +64,23 @@ def _config_error(exc: ValidationError) -> CniError:
     err = exc.errors()[0]
     # loc holds field aliases, list positions and (for unions) member tags like "literal['host']".
     parts = [str(p) for p in err["loc"] if isinstance(p, str) and "[" not in p and p not in _TYPE_TAGS]
-    key = ".".join(parts)
-    top = key.split(".")[0]
-    fix = FIXES.get(key) or FIXES.get(top) or "see the rdma-macvlan config reference"
-    got = err.get("input")
-    shown = repr(got) if not isinstance(got, dict) else "an object"
-    return CniError(INVALID_CONFIG, f"config key '{key}' is invalid ({err['msg']}, got {shown}): use {fix}")
+    return _bad(".".join(parts), err["msg"], err.get("input"))
+
+
+def _check_ipam(ipam: object) -> None:
+    """What the model's ``dict`` type cannot say: an IPAM config names its plugin."""
+    if ipam is not None and not (isinstance(ipam, dict) and isinstance(ipam.get("type"), str)):
+        raise CniError(INVALID_CONFIG, f"config key 'ipam.type' is missing or not a string: {FIXES['ipam']}")
+
+
+def _check_masters(masters: object) -> None:
+    """A non-empty list of netdev names (no empty name, no path)."""
+    if masters is not None and (
+        not isinstance(masters, list)
+        or not masters
+        or any(not isinstance(m, str) or not m or "/" in m for m in masters)
+    ):
+        raise CniError(INVALID_CONFIG, f"config key 'masters' is invalid: {FIXES['masters']}")
 
 
 # --- STATUS: the keys it reads, without pydantic -------------------------------------------------
@@ -109,14 +118,9 @@ def parse_status_config(raw: dict[str, Any]) -> StatusConfig:
     if mode not in NETNS_MODES or not isinstance(mode, str):
         raise _bad("rdma.netnsMode", "Input should be 'shared' or 'exclusive'", mode)
     masters = raw.get("masters")
-    if masters is not None and (
-        not isinstance(masters, list) or not masters or any(not isinstance(m, str) or not m or "/" in m
-                                                              for m in masters)
-    ):
-        raise CniError(INVALID_CONFIG, f"config key 'masters' is invalid: {FIXES['masters']}")
+    _check_masters(masters)
     ipam = raw.get("ipam")
-    if ipam is not None and not (isinstance(ipam, dict) and isinstance(ipam.get("type"), str)):
-        raise CniError(INVALID_CONFIG, f"config key 'ipam.type' is missing or not a string: {FIXES['ipam']}")
+    _check_ipam(ipam)
     level = raw.get("logLevel", "info")
     if level not in LOG_LEVELS or not isinstance(level, str):
         raise _bad("logLevel", "Input should be 'debug', 'info', 'warning' or 'error'", level)
