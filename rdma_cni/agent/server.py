@@ -354,8 +354,6 @@ class Agent:
                 signal.signal(signum, signal.SIG_DFL)
             gc.disable()  # a worker lives for a few calls: collecting would only cost time
             body()
-        except SystemExit as exc:  # a surplus idle worker told to leave (trim)
-            code = exc.code if isinstance(exc.code, int) else 0
         except BaseException:  # report and leave; the parent keeps serving
             log.exception("worker failed")
             code = 1
