@@ -24,8 +24,9 @@ print(json.dumps({"code": code, "out": out, "loaded": loaded}))
 """
 
 
-def run_verb(command: str, tmp: str) -> dict[str, object]:
-    conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": ["lo"],
+def run_verb(command: str, tmp: str, master: str = "lo") -> dict[str, object]:
+    """The verb in a fresh interpreter (in-process here, the plugin would set up logging for good)."""
+    conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": [master],
             "dataDir": os.path.join(tmp, "data"), "runDir": os.path.join(tmp, "run"), "logFile": "",
             "rdma": {"required": False}}
     env = {"CNI_COMMAND": command, "CNI_PATH": "/usr/lib/cni"}
@@ -44,14 +45,9 @@ def test_version_and_status_load_no_netlink_library_no_pydantic_no_click(command
 
 
 def test_status_is_not_ready_for_a_master_without_a_movable_address(tmp_path: str) -> None:
-    from rdma_cni.cli.macvlan import SPEC
-    from rdma_cni.cni import dispatch
-
-    conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": ["nosuchdev0"],
-            "dataDir": os.path.join(tmp_path, "data"), "logFile": "", "rdma": {"required": False}}
-    env = {"CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni"}
-    out, code = dispatch.run(env, json.dumps(conf).encode(), SPEC)
-    assert code == 1 and json.loads(out)["code"] == 50 and "nosuchdev0 does not exist" in out
+    got = run_verb("STATUS", str(tmp_path), master="nosuchdev0")
+    assert got["code"] == 1, got
+    assert json.loads(str(got["out"]))["code"] == 50 and "nosuchdev0 does not exist" in str(got["out"])
 
 
 GOOD = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": ["bond0"]}
