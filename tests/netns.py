@@ -296,35 +296,42 @@ def c_client() -> str:
     """``rdma-macvlan`` as shipped: the C client (built once per test run by scripts/build-client)."""
     if not _CLIENT_DIR:
         out = tempfile.mkdtemp(prefix=f"{PREFIX}client-")
-        sh(os.path.join(REPO, "scripts", "build-client"), "--out", out, timeout=300)
+        build_c_client(out)
         os.symlink("rdma-cni-client", os.path.join(out, "rdma-macvlan"))
         _CLIENT_DIR.append(out)
     return os.path.join(_CLIENT_DIR[0], "rdma-macvlan")
 
 
-def _start_agent(n: Node) -> subprocess.Popen[bytes]:
-    log = open(os.path.join(n.tmp, "agent.log"), "wb")  # the agent keeps its own copy of the fd
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", n.name, sys.executable, "-m", "rdma_cni.cli.agent", "--socket",
-         n.agent_socket, "--reconcile-interval", "-1"],
-        stdout=log, stderr=log, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO,
-    )
-    log.close()
+def build_c_client(out: str) -> None:
+    """``scripts/build-client``: the static C client as ``out/rdma-cni-client``."""
+    sh(os.path.join(REPO, "scripts", "build-client"), "--out", out, timeout=300)
+
+
+def launch_agent(sock: str, log: str, *args: str, netns: str = "",
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """An ``rdma-agent`` serving ``sock`` (inside ``netns`` when given), its output appended to
+    ``log``; returns once the socket exists, raises (with the log's tail) if it never does."""
+    cmd = [sys.executable, "-m", "rdma_cni.cli.agent", "--socket", sock, *args]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=dict(env) if env else None, cwd=REPO)
     deadline = time.monotonic() + 60
-    while not os.path.exists(n.agent_socket):
+    while not os.path.exists(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
-            _stop_agent(proc)
-            with open(os.path.join(n.tmp, "agent.log")) as f:
-                raise RuntimeError(f"rdma-agent did not start: {f.read()[-2000:]}")
+            stop_agent(proc)
+            with open(log) as f:
+                raise AssertionError(f"rdma-agent did not start: {f.read()[-2000:]}")
         time.sleep(0.02)
     return proc
 
 
-def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
+def stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the agent removes its socket), SIGKILL if it has not left within 20 s."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -348,11 +355,13 @@ def node(mode: str = "in-process") -> Iterator[Node]:
             sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0",
                "net.ipv6.conf.default.dad_transmits=0")
         if mode == "agent":
-            agent = _start_agent(n)
+            log = os.path.join(n.tmp, "agent.log")
+            env = dict(os.environ, PYTHONPATH=REPO)
+            agent = launch_agent(n.agent_socket, log, "--reconcile-interval", "-1", netns=n.name, env=env)
         yield n
     finally:
         if agent is not None:
-            _stop_agent(agent)
+            stop_agent(agent)
         for pod in n.pods:
             sh("ip", "netns", "del", pod.name, check=False)
         sh("ip", "netns", "del", n.name, check=False)

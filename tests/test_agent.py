@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from netns import build_c_client, launch_agent
+from netns import stop_agent as stop
 from test_agent_probe import SPEC as PROBE
 
 from rdma_cni.agent import client, wire
@@ -52,32 +54,12 @@ def start_agent(
 ) -> RunningAgent:
     sock = str(tmp / "agent.sock")
     log = tmp / "agent.log"
-    cmd = [sys.executable, "-m", "rdma_cni.cli.agent", "--socket", sock, "--reconcile-interval", "-1"]
+    opts = ["--reconcile-interval", "-1"]
     if plugins:
-        cmd += ["--plugin", "probe=test_agent_probe:SPEC"]
-    cmd += list(args)
-    if netns:
-        cmd = ["ip", "netns", "exec", netns, *cmd]
+        opts += ["--plugin", "probe=test_agent_probe:SPEC"]
     env = dict(os.environ, PYTHONPATH=f"{TESTS}:{os.environ.get('PYTHONPATH', '')}", **(agent_env or {}))
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env, cwd=REPO)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise AssertionError(f"agent did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.02)
+    proc = launch_agent(sock, str(log), *opts, *args, netns=netns, env=env)
     return RunningAgent(proc, sock, log)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -486,9 +468,7 @@ def test_try_agent_falls_back_with_stdin_intact(tmp_path: Path, why: str) -> Non
 @pytest.fixture(scope="module")
 def c_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("c-client")
-    subprocess.run(
-        [str(REPO / "scripts" / "build-client"), "--out", str(out)], check=True, capture_output=True
-    )
+    build_c_client(str(out))
     (out / "probe").symlink_to("rdma-cni-client")
     fallback = out / "fallback.sh"
     fallback.write_text(

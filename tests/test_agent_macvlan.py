@@ -21,7 +21,7 @@ from typing import Any
 
 import netns as netns_fixtures
 import pytest
-from netns import Node, PluginResult, Pod, can_run, node
+from netns import Node, PluginResult, Pod, build_c_client, can_run, launch_agent, node, stop_agent
 
 pytestmark = pytest.mark.netns
 
@@ -44,9 +44,7 @@ def n(monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
 @pytest.fixture(scope="module")
 def c_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("c-client")
-    subprocess.run(
-        [str(REPO / "scripts" / "build-client"), "--out", str(out)], check=True, capture_output=True
-    )
+    build_c_client(str(out))
     (out / "rdma-macvlan").symlink_to("rdma-cni-client")
     cold = out / "cold-rdma-macvlan"
     cold.write_text(f"#!/bin/sh\nexec {sys.executable} -m rdma_cni.cli.macvlan\n")
@@ -61,39 +59,12 @@ class Agent:
         with open(self.conf_file, "w") as f:
             json.dump(n.config(), f)
         self.log = os.path.join(n.tmp, "agent.log")
-        cmd = [
-            "ip",
-            "netns",
-            "exec",
-            n.name,
-            sys.executable,
-            "-m",
-            "rdma_cni.cli.agent",
-            "--socket",
-            self.sock,
-            "--conf",
-            self.conf_file,
-            "--cni-path",
-            "/usr/lib/cni",
-            *args,
-        ]
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=out, cwd=REPO)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(self.sock):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"agent did not start: {open(self.log).read()[-2000:]}")
-            time.sleep(0.02)
+        self.proc = launch_agent(
+            self.sock, self.log, "--conf", self.conf_file, "--cni-path", "/usr/lib/cni", *args, netns=n.name
+        )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_agent(self.proc)
 
 
 @pytest.fixture

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.kube_server import KubeServer, Pki
+from tests.netns import build_c_client, launch_agent, stop_agent
 from tests.test_multus_netns import ANNOTATION, RESOURCE, Node, addrs, links
 
 pytestmark = pytest.mark.netns
@@ -54,9 +52,7 @@ def node(tmp_path: Path) -> Iterator[H7Node]:
     try:
         n.up()
         n.add_bond("bond1", "198.51.100.130/28", "198.51.100.129/28")
-        subprocess.run(
-            [str(REPO / "scripts" / "build-client"), "--out", str(n.bin_dir)], check=True, capture_output=True
-        )
+        build_c_client(str(n.bin_dir))
         for name in ("rdma-macvlan", "rdma-multus"):
             (n.bin_dir / name).symlink_to("rdma-cni-client")
         n.rdma_macvlan_network(tmp_path)
@@ -75,19 +71,11 @@ def api(node: H7Node, pki: Pki) -> Iterator[KubeServer]:
 def agent(node: H7Node) -> Iterator[tuple[str, Path]]:
     sock = str(node.root / "agent.sock")
     log = node.root / "agent.log"
-    cmd = ["ip", "netns", "exec", node.name, sys.executable, "-m", "rdma_cni.cli.agent", "--socket", sock,
-           "--reconcile-interval", "-1"]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=out, cwd=REPO)
+    proc = launch_agent(sock, str(log), "--reconcile-interval", "-1", netns=node.name)
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sock):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.02)
         yield sock, log
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_agent(proc)
 
 
 def run(node: H7Node, sock: str, command: str, conf: dict[str, Any], netns: str, uid: str) -> tuple[int, Any]:

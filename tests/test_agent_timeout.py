@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from netns import build_c_client
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION_STDIN = b'{"cniVersion":"1.0.0"}'
@@ -22,9 +23,7 @@ VERSION_STDIN = b'{"cniVersion":"1.0.0"}'
 @pytest.fixture(scope="module")
 def c_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("h10-c-client")
-    subprocess.run(
-        [str(REPO / "scripts" / "build-client"), "--out", str(out)], check=True, capture_output=True
-    )
+    build_c_client(str(out))
     (out / "rdma-macvlan").symlink_to("rdma-cni-client")
     fallback = out / "fallback.sh"
     fallback.write_text('#!/bin/sh\nprintf "fell back agent=%s" "$RDMA_CNI_AGENT"\n')
