@@ -112,13 +112,19 @@ def test_phase_is_recorded(tmp_path: str) -> None:
     assert st.get("c1", "net1").phase == PHASE_ADDED  # type: ignore[union-attr]
 
 
-def test_commit_sits_beside_the_synced_write_ahead_record_and_both_go_on_remove(tmp_path: str) -> None:
+def committed(tmp_path: str, mac: str = "") -> tuple[NodeState, AttachmentRecord]:
+    """A record through write-ahead (put) and commit, as ADD writes it."""
     st = NodeState(str(tmp_path))
     r = rec()
     st.put(r)
     r.phase = PHASE_ADDED
-    r.bonds[0].mac = "02:00:00:00:00:01"
+    r.bonds[0].mac = mac
     st.commit(r)
+    return st, r
+
+
+def test_commit_sits_beside_the_synced_write_ahead_record_and_both_go_on_remove(tmp_path: str) -> None:
+    st, _ = committed(tmp_path, mac="02:00:00:00:00:01")
     got = st.get("c1", "net1")
     assert got is not None and got.phase == PHASE_ADDED and got.bonds[0].mac == "02:00:00:00:00:01"
     with open(st.path("c1", "net1")) as f:
@@ -129,11 +135,7 @@ def test_commit_sits_beside_the_synced_write_ahead_record_and_both_go_on_remove(
 
 
 def test_a_commit_emptied_by_a_power_loss_falls_back_to_the_write_ahead_record(tmp_path: str) -> None:
-    st = NodeState(str(tmp_path))
-    r = rec()
-    st.put(r)
-    r.phase = PHASE_ADDED
-    st.commit(r)
+    st, r = committed(tmp_path)
     open(st.path("c1", "net1") + ".added", "w").close()  # what an unsynced rename can leave behind
     got = st.get("c1", "net1")
     assert got is not None and got.phase == "adding" and got.bonds == r.bonds  # DEL/GC can undo it
@@ -141,11 +143,7 @@ def test_a_commit_emptied_by_a_power_loss_falls_back_to_the_write_ahead_record(t
 
 
 def test_a_commit_of_an_earlier_write_ahead_record_is_ignored(tmp_path: str) -> None:
-    st = NodeState(str(tmp_path))
-    r = rec()
-    st.put(r)
-    r.phase = PHASE_ADDED
-    st.commit(r)
+    st, _ = committed(tmp_path)
     stale = open(st.path("c1", "net1") + ".added").read()
     st.remove("c1", "net1")
     st.put(rec())  # a new attachment of the same name; the old commit reappears (unsynced unlink)
