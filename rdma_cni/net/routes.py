@@ -41,12 +41,12 @@ def _oifs(rec: Record) -> set[int]:
 
 
 def _uses(rec: Record, index: int, ips: set[str]) -> bool:
-    if rec["table"] == RT_TABLE_LOCAL or rec["proto"] in (RTPROT_KERNEL, RTPROT_RA):
-        return False
+    """Through the bond or from one of its addresses (a route ``_maybe_ours`` already let through)."""
     return index in _oifs(rec) or attr(rec, "RTA_PREFSRC") in ips
 
 
 def _maybe_ours(table: int, proto: int) -> bool:
+    """Not the local table, not a kernel- or RA-made route: those come back with the addresses."""
     return table != RT_TABLE_LOCAL and proto not in (RTPROT_KERNEL, RTPROT_RA)
 
 
