@@ -326,6 +326,22 @@ def launch_agent(sock: str, log: str, *args: str, netns: str = "",
     return proc
 
 
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``, read from /proc (no dependency on procps)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
 def stop_agent(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM (the agent removes its socket), SIGKILL if it has not left within 20 s."""
     if proc.poll() is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from netns import build_c_client, launch_agent
+from netns import build_c_client, children_of, launch_agent
 from netns import stop_agent as stop
 from test_agent_probe import SPEC as PROBE
 
@@ -288,22 +288,6 @@ def forward_in_thread(sock: str, env: dict[str, str], stdin: bytes) -> tuple[thr
     thread = threading.Thread(target=lambda: box.append(client.forward("probe", env, stdin, path=sock)))
     thread.start()
     return thread, box
-
-
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``, read from /proc (no dependency on procps)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
 
 
 def is_zombie(pid: int) -> bool:
@@ -714,9 +698,9 @@ def test_a_call_that_leaves_something_behind_ends_its_worker(
         assert _call_from("", running.sock, marker, **leak)[0] == 0
         leaker = int(read_json(marker)["pid"])  # type: ignore[call-overload]
         deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{leaker}") and _state(leaker) != "Z" and time.monotonic() < deadline:
+        while not is_zombie(leaker) and time.monotonic() < deadline:  # gone, or exited and not reaped
             time.sleep(0.02)
-        assert not os.path.exists(f"/proc/{leaker}") or _state(leaker) == "Z"
+        assert is_zombie(leaker)
         assert f"worker {leaker} exits after its call: the call left 1 {why}" in running.log.read_text()
         for i in range(3):  # the calls after it are served as usual
             marker = tmp_path / f"after{i}.json"
@@ -726,12 +710,6 @@ def test_a_call_that_leaves_something_behind_ends_its_worker(
         stop(running.proc)
 
 
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return ""
 
 
 def test_calls_per_worker_bounds_how_many_calls_a_worker_serves(tmp_path: Path) -> None:
@@ -748,12 +726,6 @@ def test_calls_per_worker_bounds_how_many_calls_a_worker_serves(tmp_path: Path) 
         stop(running.proc)
 
 
-def _children(pid: int) -> set[int]:
-    out = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out |= {int(c) for c in f.read().split()}
-    return out
 
 
 def test_after_a_burst_the_surplus_idle_workers_leave_and_no_call_is_lost(tmp_path: Path) -> None:
@@ -773,10 +745,7 @@ def test_after_a_burst_the_surplus_idle_workers_leave_and_no_call_is_lost(tmp_pa
         assert len(results) == 6 and all(a is not None and a.code == 0 for a in results)  # type: ignore[attr-defined]
         served = {read_json(tmp_path / f"b{i}.json")["pid"] for i in range(6)}
         assert len(served) == 6
-        deadline = time.monotonic() + 10
-        while len(_children(running.pid)) != 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(_children(running.pid)) == 2  # prefork idle workers, no more
+        wait_for_children(running.pid, 2, timeout=10)  # prefork idle workers, no more
         marker = tmp_path / "after.json"
         assert _call_from("", running.sock, marker)[0] == 0
         assert read_json(marker)["pid"] in served  # a kept worker is one that had served (warm)

@@ -21,7 +21,17 @@ from typing import Any
 
 import netns as netns_fixtures
 import pytest
-from netns import Node, PluginResult, Pod, build_c_client, can_run, launch_agent, node, stop_agent
+from netns import (
+    Node,
+    PluginResult,
+    Pod,
+    build_c_client,
+    can_run,
+    children_of,
+    launch_agent,
+    node,
+    stop_agent,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -310,22 +320,6 @@ def start_client(
 def worker_pids(agent: Agent) -> list[int]:
     """Children of the agent process (the agent runs under ip netns exec, which execs it)."""
     return children_of(agent.proc.pid)
-
-
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``, read from /proc (no dependency on procps)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
 
 
 def wait_for(cond: Any, timeout: float = 30.0) -> bool:
