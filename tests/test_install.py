@@ -94,8 +94,8 @@ def test_bundle_is_onedir_with_the_three_names(bundle: Path) -> None:
     # Static: it runs on a node whatever its C library, and resolves nothing at exec.
     assert "INTERP" not in _run(["readelf", "-l", str(client)]).stdout
     assert (bundle / "install.sh").is_file() and (bundle / "conf" / "vpc-cni").is_dir()
-    # Development tools that optional imports drag in (netaddr's shell -> IPython -> jedi; pydantic's
-    # mypy plugin) stay out: they were 45 MB of the bundle.
+    # Development tools that optional imports drag in (IPython -> jedi; pydantic's mypy plugin) stay
+    # out: they were 45 MB of the bundle.
     for unwanted in ("jedi", "mypy", "IPython", "numpy"):
         assert not (bundle / "_internal" / unwanted).exists(), unwanted
     # Stripped: no debug sections in the interpreter library (onefile's extraction cost came from them).

@@ -14,8 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
-from rdma_cni.kube import yamlish
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class KubeConfig:
         return self.token
 
 
+def _parse_yaml(text: str) -> Any:
+    """``safe_load`` with libyaml's C loader when PyYAML was built with it (several times faster on
+    a kubeconfig with long base64 certificates); the pure-Python loader reads the same documents."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)
+
+
 def load(path: str) -> KubeConfig:
     try:
         with open(path, encoding="utf-8") as f:
@@ -49,8 +57,8 @@ def load(path: str) -> KubeConfig:
     except OSError as exc:
         raise CniError(INVALID_CONFIG, f"kubeconfig {path} cannot be read: {exc}; fix 'kubeconfig'") from exc
     try:
-        doc = yamlish.load(text)
-    except yamlish.YamlError as exc:
+        doc = _parse_yaml(text)
+    except yaml.YAMLError as exc:
         raise CniError(INVALID_CONFIG, f"kubeconfig {path} is not readable YAML: {exc}") from exc
     if not isinstance(doc, dict):
         raise CniError(INVALID_CONFIG, f"kubeconfig {path} must be a mapping with clusters, users, contexts")
