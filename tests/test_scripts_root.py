@@ -46,7 +46,8 @@ def tree() -> Iterator[Path]:
 def _run(tree: Path, script: str, *args: str, user: int | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [str(tree / "repo" / "scripts" / script), *args]
     if user is not None:
-        cmd = [shutil.which("setpriv") or "setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+        setpriv = shutil.which("setpriv") or "setpriv"
+        cmd = [setpriv, f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
     env = {"PATH": str(tree / "bin"), "HOME": str(tree)}
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=30, check=False)
 
@@ -55,7 +56,8 @@ def _run(tree: Path, script: str, *args: str, user: int | None = None) -> subpro
 def test_a_user_without_sudo_is_told_to_run_it_as_root(tree: Path, script: str) -> None:
     proc = _run(tree, script, user=NOBODY)
     assert proc.returncode == 1
-    assert f"{script}: needs root (network namespaces) and sudo is not installed: run it as root" in proc.stderr
+    want = f"{script}: needs root (network namespaces) and sudo is not installed: run it as root"
+    assert want in proc.stderr
 
 
 @pytest.mark.parametrize("script", ["setup", "demo", "test"])
