@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 
 from tests.kube_server import KubeServer, Pki
 from tests.netns import build_c_client, launch_agent, stop_agent
+from tests.podresources_server import PodResourcesServer
 from tests.test_multus_netns import ANNOTATION, RESOURCE, Node, addrs, links
 
 pytestmark = pytest.mark.netns
@@ -68,12 +71,12 @@ def api(node: H7Node, pki: Pki) -> Iterator[KubeServer]:
 
 
 @pytest.fixture
-def agent(node: H7Node) -> Iterator[tuple[str, Path]]:
+def agent(node: H7Node) -> Iterator[tuple[str, Path, int]]:
     sock = str(node.root / "agent.sock")
     log = node.root / "agent.log"
     proc = launch_agent(sock, str(log), "--reconcile-interval", "-1", netns=node.name)
     try:
-        yield sock, log
+        yield sock, log, proc.pid  # `ip netns exec` execs: the pid is the agent's own
     finally:
         stop_agent(proc)
 
@@ -98,9 +101,9 @@ def run(node: H7Node, sock: str, command: str, conf: dict[str, Any], netns: str,
 
 
 def test_seed_pod_through_the_agent_multus_and_its_rdma_macvlan_delegate(
-    node: H7Node, api: KubeServer, agent: tuple[str, Path], tmp_path: Path
+    node: H7Node, api: KubeServer, agent: tuple[str, Path, int], tmp_path: Path
 ) -> None:
-    sock, log = agent
+    sock, log, _ = agent
     uid = str(uuid.uuid4())
     api.add_pod("default", "ibv-app-0", uid=uid, annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"},
                 limits={RESOURCE: "2"})  # fmt: skip
@@ -123,3 +126,34 @@ def test_seed_pod_through_the_agent_multus_and_its_rdma_macvlan_delegate(
     assert links(pod) == {"lo"}
     assert {b: addrs(node.name, b) for b in HOST} == HOST
     assert "served rdma-macvlan DEL c1/net1: exit 0" in log.read_text()
+
+
+def test_pod_resources_asked_from_a_worker_and_grpc_never_in_the_agent(
+    node: H7Node, api: KubeServer, agent: tuple[str, Path, int], tmp_path: Path
+) -> None:
+    """gRPC and fork do not mix: the agent forks workers, so only a worker may load grpc (for the
+    PodResources call of its ADD); the agent itself must never map it."""
+    sock, log, agent_pid = agent
+    uid = str(uuid.uuid4())
+    api.add_pod("default", "ibv-app-0", uid=uid, annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"},
+                limits={RESOURCE: "2"})  # fmt: skip
+    node.checkpoint(uid, ["0"])  # one device: PodResources (two) must be what is used
+    short = tempfile.mkdtemp(prefix="h7-pr-")
+    try:
+        with PodResourcesServer(os.path.join(short, "kubelet.sock")) as kubelet:
+            kubelet.set_pod("default", "ibv-app-0", {"trainer": {RESOURCE: ["0", "1"]}})
+            conf = node.config(api.kubeconfig(tmp_path / "kc"), podResourcesDir=short)
+            pod = node.pod_netns()
+            code, result = run(node, sock, "ADD", conf, pod, uid)
+            assert code == 0, result
+            assert kubelet.calls == ["get"]
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert links(pod) == {"lo", "eth0", "bond0", "bond1"}
+    (served,) = [line for line in log.read_text().splitlines() if "served rdma-multus ADD" in line]
+    assert "exit 0" in served and "modules the agent did not warm" in served, served  # grpc: the worker's
+    with open(f"/proc/{agent_pid}/maps") as f:
+        assert "cygrpc" not in f.read()
+    code, out = run(node, sock, "DEL", conf, pod, uid)
+    assert code == 0, out
+    assert {b: addrs(node.name, b) for b in HOST} == HOST

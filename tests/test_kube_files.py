@@ -10,7 +10,7 @@ import pytest
 
 from rdma_cni.cni.errors import INVALID_CONFIG, STATE_CORRUPT, CniError
 from rdma_cni.kube import kubeconfig
-from rdma_cni.kube.checkpoint import device_ids
+from rdma_cni.kube.checkpoint import pod_devices
 
 # What kubeadm writes for a node (values shortened), with comments and quoting variants added.
 KUBEADM_STYLE = """\
@@ -116,18 +116,19 @@ def test_checkpoint_numa_map_and_legacy_list_forms(tmp_path: Path) -> None:
             entry("u2", "a", res, {"0": ["7"]}),
         ],
     )
-    assert device_ids(str(tmp_path), "u1", res) == ["0", "2", "3", "5"]
-    assert device_ids(str(tmp_path), "u2", res) == ["7"]
-    assert device_ids(str(tmp_path), "u3", res) == []
+    dp = str(tmp_path / "device-plugins")
+    assert pod_devices(dp, "u1") == {res: ["0", "2", "3", "5"], "nvidia.com/gpu": ["GPU-1"]}
+    assert pod_devices(dp, "u2") == {res: ["7"]}
+    assert pod_devices(dp, "u3") == {}
 
 
 def test_checkpoint_absent_is_empty_and_corrupt_is_an_error(tmp_path: Path) -> None:
-    assert device_ids(str(tmp_path), "u1", "r") == []
+    assert pod_devices(str(tmp_path / "device-plugins"), "u1") == {}
     path = tmp_path / "device-plugins" / "kubelet_internal_checkpoint"
     path.parent.mkdir(parents=True)
     path.write_text("{torn")
     with pytest.raises(CniError) as exc:
-        device_ids(str(tmp_path), "u1", "r")
+        pod_devices(str(tmp_path / "device-plugins"), "u1")
     assert exc.value.code == STATE_CORRUPT and str(path) in exc.value.msg
 
 

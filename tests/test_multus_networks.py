@@ -79,6 +79,22 @@ def test_config_defaults_and_list_forms() -> None:
     assert cfg.kubelet_root_dir == "/var/lib/kubelet"
     assert cfg.delegate_dirs(("/elsewhere",)) == ("/opt/cni/bin",)
     assert parse_config({"defaultDelegates": ["a"]}).delegate_dirs(("/x", "/y")) == ("/x", "/y")
+    assert cfg.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert cfg.pod_resources_dir == "/var/lib/kubelet/pod-resources"
+    assert cfg.rdma_resource == "tke.cloud.tencent.com/tke-shared-rdma" and cfg.pod_resources_timeout == 3.0
+
+
+def test_kubelet_dirs_follow_the_root_unless_each_is_set() -> None:
+    moved = parse_config({"defaultDelegates": "a", "kubeletRootDir": "/data/kubelet"})
+    assert (moved.device_plugin_dir, moved.pod_resources_dir) == (
+        "/data/kubelet/device-plugins", "/data/kubelet/pod-resources",
+    )  # fmt: skip
+    # kubelet --root-dir=/data/kubelet: pod-resources moves, device-plugins stays (a constant in kubelet)
+    real = parse_config({"defaultDelegates": "a", "kubeletRootDir": "/data/kubelet",
+                         "devicePluginDir": "/var/lib/kubelet/device-plugins"})  # fmt: skip
+    assert (real.device_plugin_dir, real.pod_resources_dir) == (
+        "/var/lib/kubelet/device-plugins", "/data/kubelet/pod-resources",
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -92,6 +108,10 @@ def test_config_defaults_and_list_forms() -> None:
         ({"defaultDelegates": "a", "apiTimeoutSeconds": 0}, "'apiTimeoutSeconds' must be greater than 0"),
         ({"defaultDelegates": "a", "apiAttempts": 1.5}, "'apiAttempts' must be a positive integer"),
         ({"defaultDelegates": "a", "delegateTimeoutSeconds": True}, "'delegateTimeoutSeconds' must be"),
+        ({"defaultDelegates": "a", "devicePluginDir": "dp"}, "'devicePluginDir' must be an absolute path"),
+        ({"defaultDelegates": "a", "podResourcesDir": 3}, "'podResourcesDir' must be a string"),
+        ({"defaultDelegates": "a", "podResourcesTimeoutSeconds": -1}, "'podResourcesTimeoutSeconds' must be"),
+        ({"defaultDelegates": "a", "rdmaResourceName": ["x"]}, "'rdmaResourceName' must be a string"),
     ],
 )
 def test_bad_config_names_the_key(raw: dict[str, object], key: str) -> None:

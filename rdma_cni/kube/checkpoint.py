@@ -1,10 +1,13 @@
 """Which device-plugin devices the kubelet gave a pod, read from its device-manager checkpoint.
 
-``<kubeletRootDir>/device-plugins/kubelet_internal_checkpoint`` is JSON the kubelet rewrites on every
-allocation: ``{"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs",
-"AllocResp"}], "RegisteredDevices": {...}}, "Checksum": N}``. Since Kubernetes 1.20 ``DeviceIDs`` is a
-map NUMA node -> IDs; before, a plain list. Both are read. The kubelet allocates devices before it
-asks the runtime for the pod sandbox, so by the time a CNI ADD runs the entry is there.
+``<devicePluginDir>/kubelet_internal_checkpoint`` (``/var/lib/kubelet/device-plugins``: kubelet's
+device manager uses that constant path even when its ``--root-dir`` moves) is JSON the kubelet
+rewrites on every allocation: ``{"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName",
+"ResourceName", "DeviceIDs", "AllocResp"}], "RegisteredDevices": {...}}, "Checksum": N}``. Since
+Kubernetes 1.20 ``DeviceIDs`` is a map NUMA node -> IDs; before, a plain list. Both are read. The
+kubelet allocates devices before it asks the runtime for the pod sandbox, so by the time a CNI ADD
+runs the entry is there. rdma-multus reads it only when kubelet's PodResources API cannot answer
+(:mod:`rdma_cni.kube.podresources`).
 """
 
 from __future__ import annotations
@@ -18,30 +21,27 @@ from rdma_cni.cni.errors import STATE_CORRUPT, CniError
 
 log = logging.getLogger("rdma_cni.kube")
 
-CHECKPOINT = os.path.join("device-plugins", "kubelet_internal_checkpoint")
+CHECKPOINT = "kubelet_internal_checkpoint"
 
 
-def device_ids(kubelet_root: str, pod_uid: str, resource: str) -> list[str]:
-    """IDs of ``resource`` allocated to every container of the pod, in container order; [] if none."""
-    path = os.path.join(kubelet_root, CHECKPOINT)
+def pod_devices(device_plugin_dir: str, pod_uid: str) -> dict[str, list[str]]:
+    """Resource -> IDs allocated to every container of the pod, in container order; {} if none."""
+    path = os.path.join(device_plugin_dir, CHECKPOINT)
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
         log.info("no kubelet device checkpoint at %s", path)
-        return []
+        return {}
     except (OSError, ValueError) as exc:
         raise CniError(STATE_CORRUPT, f"kubelet device checkpoint {path} cannot be read: {exc}") from exc
     entries = ((doc or {}).get("Data") or {}).get("PodDeviceEntries") or []
-    out: list[str] = []
+    out: dict[str, list[str]] = {}
     for entry in entries:
-        if not isinstance(entry, dict):
+        if not isinstance(entry, dict) or entry.get("PodUID") != pod_uid:
             continue
-        if entry.get("PodUID") != pod_uid or entry.get("ResourceName") != resource:
-            continue
-        for dev in _ids(entry.get("DeviceIDs")):
-            if dev not in out:
-                out.append(dev)
+        ids = out.setdefault(str(entry.get("ResourceName", "")), [])
+        ids.extend(dev for dev in _ids(entry.get("DeviceIDs")) if dev not in ids)
     return out
 
 

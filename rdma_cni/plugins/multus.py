@@ -39,7 +39,7 @@ from rdma_cni.plugins.multus_config import MultusConfig, parse_config
 from rdma_cni.plugins.multus_delegates import Delegate, DelegateRunner, gc_network, status_network
 from rdma_cni.plugins.multus_networks import NetworkSelection
 from rdma_cni.plugins.multus_plan import AttachmentPlan, PlanStore
-from rdma_cni.plugins.multus_pod import PodView
+from rdma_cni.plugins.multus_pod import CRI_ANNOTATIONS, PodView
 
 log = logging.getLogger("rdma_cni.multus")
 
@@ -233,13 +233,48 @@ def _plan(req: Request, cfg: MultusConfig, pod: PodView) -> list[Delegate]:
     wanted = _networks(req, cfg, pod.selections())
     dirs = cfg.delegate_dirs(req.path)
     delegates = []
+    claimed = False
     for w in wanted:
         net = conflist.load(cfg.conf_dir, w.selection.name)
         for plugin in net.plugins:
             # Fail before anything runs when a binary is missing: a rollback is never free.
             find_plugin(str(plugin["type"]), dirs)
+        located = _resource_plugin(net)
+        claimed = claimed or (located is not None and located[1] == cfg.rdma_resource)
         delegates.append(_delegate(req, net, w, pod))
+    if not claimed:
+        _check_unclaimed_devices(cfg, pod)
     return delegates
+
+
+def _check_unclaimed_devices(cfg: MultusConfig, pod: PodView) -> None:
+    """A pod that holds RDMA devices but gets no network using them would start without RDMA.
+
+    When its annotation could not be read at all (no kubeconfig, and the runtime passed none), that
+    is a node misconfiguration a retry cannot fix: the ADD fails naming both fixes. When the
+    annotation was read and simply names no RDMA network, the pod may mean it: a WARN (also shown by
+    ``cni-tool doctor``/``state``), judged from the checkpoint only so that pods without RDMA
+    networks never pay for a gRPC call.
+    """
+    who = f"pod {pod.namespace}/{pod.name}"
+    if not pod.annotation_read:
+        ids = pod.devices().get(cfg.rdma_resource)
+        if ids:
+            raise CniError(
+                INVALID_CONFIG,
+                f"{who} holds {len(ids)} {cfg.rdma_resource} device(s) ({', '.join(ids)}) but rdma-multus "
+                f"cannot read its {cfg.annotation} annotation, so it would start without RDMA networks: "
+                f"set \"kubeconfig\" in the rdma-multus config, or let the runtime pass the annotations "
+                f"(containerd: \"capabilities\": {{\"{CRI_ANNOTATIONS}\": true}} in rdma-multus's conflist)",
+            )
+        return
+    ids = pod.checkpoint_devices().get(cfg.rdma_resource)
+    if ids:
+        log.warning(
+            "%s holds %d %s device(s) (%s) but its %s annotation names no network using them: it starts "
+            "without RDMA interfaces (add the RDMA network, e.g. tke-rdma-macvlan, to the annotation)",
+            who, len(ids), cfg.rdma_resource, ", ".join(ids), cfg.annotation,
+        )  # fmt: skip
 
 
 def _networks(req: Request, cfg: MultusConfig, selections: list[NetworkSelection]) -> list[_Wanted]:

@@ -10,6 +10,7 @@ configs customarily carry fields for other tools.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
 
 DEFAULT_ANNOTATION = "tke.cloud.tencent.com/networks"
+DEFAULT_RDMA_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,12 @@ class MultusConfig:
     bin_dirs: tuple[str, ...] = ()  # empty: the runtime's CNI_PATH
     cache_dir: str = "/var/lib/cni/rdma-multus"
     kubelet_root_dir: str = "/var/lib/kubelet"
+    # kubelet keeps device-plugins/ (and its checkpoint) at /var/lib/kubelet whatever its --root-dir,
+    # while pod-resources/ follows --root-dir: each has its own key, both default under kubeletRootDir.
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    pod_resources_dir: str = "/var/lib/kubelet/pod-resources"
+    pod_resources_timeout: float = 3.0
+    rdma_resource: str = DEFAULT_RDMA_RESOURCE  # a pod holding these devices must get an RDMA network
     api_timeout: float = 10.0
     api_attempts: int = 3
     delegate_timeout: float = 60.0
@@ -39,6 +47,7 @@ class MultusConfig:
 
 
 def parse_config(raw: Mapping[str, Any]) -> MultusConfig:
+    kubelet_root = _str(raw, "kubeletRootDir", MultusConfig.kubelet_root_dir, absolute=True)
     return MultusConfig(
         default_delegates=_delegates(raw),
         kubeconfig=_str(raw, "kubeconfig", ""),
@@ -46,7 +55,11 @@ def parse_config(raw: Mapping[str, Any]) -> MultusConfig:
         annotation=_str(raw, "annotation", DEFAULT_ANNOTATION) or DEFAULT_ANNOTATION,
         bin_dirs=_bin_dirs(raw),
         cache_dir=_str(raw, "cacheDir", MultusConfig.cache_dir, absolute=True),
-        kubelet_root_dir=_str(raw, "kubeletRootDir", MultusConfig.kubelet_root_dir, absolute=True),
+        kubelet_root_dir=kubelet_root,
+        device_plugin_dir=_str(raw, "devicePluginDir", os.path.join(kubelet_root, "device-plugins"), True),
+        pod_resources_dir=_str(raw, "podResourcesDir", os.path.join(kubelet_root, "pod-resources"), True),
+        pod_resources_timeout=_number(raw, "podResourcesTimeoutSeconds", MultusConfig.pod_resources_timeout),
+        rdma_resource=_str(raw, "rdmaResourceName", DEFAULT_RDMA_RESOURCE) or DEFAULT_RDMA_RESOURCE,
         api_timeout=_number(raw, "apiTimeoutSeconds", MultusConfig.api_timeout),
         api_attempts=int(_number(raw, "apiAttempts", MultusConfig.api_attempts, integer=True)),
         delegate_timeout=_number(raw, "delegateTimeoutSeconds", MultusConfig.delegate_timeout),

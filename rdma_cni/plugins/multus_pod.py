@@ -2,9 +2,14 @@
 
 Sources, cheapest first: containerd passes every pod annotation in
 ``runtimeConfig["io.kubernetes.cri.pod-annotations"]``, so no API call is needed then; otherwise the
-pod is fetched once (lazily) from the API server. Device IDs come from the kubelet's device checkpoint,
-keyed by the pod UID (``K8S_POD_UID`` from the runtime, else the API's). A pod fetched from the API
-whose UID differs from ``K8S_POD_UID`` is a different pod with the same name: refused.
+pod is fetched once (lazily) from the API server. A pod fetched from the API whose UID differs from
+``K8S_POD_UID`` is a different pod with the same name: refused.
+
+Device IDs come from kubelet's PodResources API (by namespace/name: what kubelet allocated, so the
+bonds the pod gets are exactly the RDMA devices mounted in it); when its socket is absent or kubelet
+cannot answer, from kubelet's device checkpoint, keyed by the pod UID (``K8S_POD_UID`` from the
+runtime, else the API's). Asked at most once per call, and only when a network names a resource or
+the pod's networks could not be read.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ class PodView:
         self._runtime_annotations = annotations if isinstance(annotations, dict) else None
         self._pod: Pod | None = None
         self._fetched = False
+        self._devices: dict[str, list[str]] | None = None
+        self.annotation_read = False  # set by selections(): False when neither runtime nor API had it
 
     def ref(self) -> dict[str, str]:
         return {"namespace": self.namespace, "name": self.name, "uid": self.uid}
@@ -44,21 +51,57 @@ class PodView:
             pod = self.pod()
             text = pod.annotations.get(self.cfg.annotation, "") if pod else ""
             source = "API" if pod else "none"
+        self.annotation_read = source != "none"
         if not isinstance(text, str):
             raise CniError(KUBE_API_FAILURE, f"pod annotation {self.cfg.annotation} is not a string")
         log.info("pod %s/%s %s=%r (from %s)", self.namespace, self.name, self.cfg.annotation, text, source)
         return parse_annotation(text, self.cfg.annotation)
 
     def device_ids(self, resource: str) -> list[str]:
+        return list(self.devices().get(resource, [])) if resource else []
+
+    def devices(self) -> dict[str, list[str]]:
+        """Resource -> the device IDs kubelet allocated to this pod (PodResources, else checkpoint)."""
+        if self._devices is None:
+            found = self._from_pod_resources()
+            self._devices = found if found is not None else self._from_checkpoint()
+        return self._devices
+
+    def checkpoint_devices(self) -> dict[str, list[str]]:
+        """The checkpoint's view only: a file read, no gRPC (for a warning on pods without RDMA)."""
+        return self._devices if self._devices is not None else self._from_checkpoint()
+
+    def _from_pod_resources(self) -> dict[str, list[str]] | None:
+        if not self.namespace or not self.name:
+            return None
+        from rdma_cni.kube import podresources
+
+        sock = podresources.socket_path(self.cfg.pod_resources_dir)
+        if not podresources.available(sock):
+            log.info("no kubelet PodResources socket at %s: reading the device checkpoint", sock)
+            return None
+        try:
+            found = podresources.pod_devices(sock, self.namespace, self.name, self.cfg.pod_resources_timeout)
+        except CniError as err:
+            log.warning("%s; reading the device checkpoint instead", err.msg)
+            return None
+        if found is None:
+            log.warning("kubelet PodResources does not know pod %s/%s: reading the device checkpoint",
+                        self.namespace, self.name)  # fmt: skip
+            return None
+        log.info("pod %s/%s devices from kubelet PodResources: %s", self.namespace, self.name, found)
+        return found
+
+    def _from_checkpoint(self) -> dict[str, list[str]]:
         uid = self.uid
         if not uid and self._runtime_annotations is None:
             pod = self.pod()
             uid = pod.uid if pod else ""
-        if not uid or not resource:
-            return []
-        from rdma_cni.kube.checkpoint import device_ids
+        if not uid:
+            return {}
+        from rdma_cni.kube.checkpoint import pod_devices
 
-        return device_ids(self.cfg.kubelet_root_dir, uid, resource)
+        return pod_devices(self.cfg.device_plugin_dir, uid)
 
     def requested(self, resource: str) -> int:
         """The pod's requested count of ``resource``; 0 when unknown.
