@@ -44,7 +44,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from rdma_cni.net.netns import Netns, NetnsUnavailable, entered, iproute_in, open_netns
 from rdma_cni.rdma.sysfs import gid_for_ip
-from rdma_cni.sim import tree
+from rdma_cni.sim import devnodes, tree
 from rdma_cni.sim.model import MLX5_TYPES, RXE_TYPES, Owner, PortTable
 from rdma_cni.sim.tree import SimBond
 
@@ -95,8 +95,12 @@ class SimNode:
         gid_slots: int = tree.RXE_GID_SLOTS,
         gid_types: Sequence[str] = RXE_TYPES,
         netns_mode: str = "shared",
+        rdma_cm: bool = False,
+        dev_root: str | None = None,
     ) -> None:
         self.root = sysfs_root
+        self.rdma_cm = rdma_cm
+        self.dev_root = dev_root  # when set: /dev/infiniband nodes made there (sim.devnodes)
         self.bonds = {b.name: b for b in bonds}
         self.node_path = node_netns
         self.pods_dir = pods_dir
@@ -157,7 +161,9 @@ class SimNode:
                 )
             bonds.append(b)
         self.bonds = {b.name: b for b in bonds}
-        tree.build_tree(self.root, bonds, self.gid_slots, self.netns_mode)
+        tree.build_tree(self.root, bonds, self.gid_slots, self.netns_mode, self.rdma_cm)
+        if self.dev_root:
+            devnodes.make_dev_nodes(self.root, self.dev_root)
         for b in bonds:  # build_tree wrote a default GID for every bond; the model starts empty
             tree.clear_slot(self.root, b.device, 1, 0)
 
@@ -519,12 +525,24 @@ def barrier(node_netns: str | None, sysfs_root: str, bond: str = "bond0", timeou
         time.sleep(0.005)
 
 
-def parse_bonds(spec: str) -> list[SimBond]:
-    """``bond0:mlx5_bond_0,bond1:mlx5_bond_1`` (or ``bond0,bond1`` -> ``mlx5_bond_<N>``)."""
+def parse_bonds(spec: str, numa: str = "", mad: bool = False) -> list[SimBond]:
+    """``bond0:mlx5_bond_0,bond1:mlx5_bond_1`` (or ``bond0,bond1`` -> ``mlx5_bond_<N>``).
+
+    ``numa``: one ``device/numa_node`` per bond (``0,0,1,1``; ``-1`` = no NUMA info, ``none`` = no PCI
+    parent), or one value for all; ``mad``: umadN/issmN for every bond.
+    """
     out = []
-    for item in filter(None, spec.split(",")):
+    items = [i for i in spec.split(",") if i]
+    nodes = [n.strip() for n in numa.split(",")] if numa else []
+    if len(nodes) == 1:
+        nodes *= len(items)
+    if nodes and len(nodes) != len(items):
+        raise ValueError(f"--numa gives {len(nodes)} values for {len(items)} bonds")
+    for pos, item in enumerate(items):
         name, _, device = item.partition(":")
-        out.append(SimBond(name, device or f"mlx5_bond_{name.removeprefix('bond')}"))
+        node = nodes[pos] if nodes else "none"
+        out.append(SimBond(name, device or f"mlx5_bond_{name.removeprefix('bond')}",
+                           numa_node=None if node == "none" else int(node), mad=mad))
     return out
 
 
@@ -566,6 +584,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="rxe",
         help="GID types per address: rxe = RoCE v2 only (IPv4 at 1), mlx5 = v1 + v2 (IPv4 v2 at 3)",
     )
+    p.add_argument("--numa", default="", help="device/numa_node per bond: 0,0,1,1 (-1: none, 'none': absent)")
+    p.add_argument("--mad", action="store_true", help="umadN/issmN char devices for every bond")
+    p.add_argument("--rdma-cm", action="store_true", help="class/misc/rdma_cm (10:58)")
+    p.add_argument("--dev-root", default=None, help="make the /dev/infiniband nodes (mknod) under this dir")
     p.add_argument("--pidfile", default=None)
     a = p.parse_args(argv)
     stop = threading.Event()
@@ -573,13 +595,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     node = SimNode(
         a.sysfs_root,
-        parse_bonds(a.bonds),
+        parse_bonds(a.bonds, a.numa, a.mad),
         a.node_netns,
         a.pods_dir,
         a.pods_prefix,
         a.gid_slots,
         MLX5_TYPES if a.layout == "mlx5" else RXE_TYPES,
         netns_mode=a.netns_mode,
+        rdma_cm=a.rdma_cm,
+        dev_root=a.dev_root,
     )
     with node:
         if a.pidfile:

@@ -9,12 +9,21 @@ Mirrors the capture in ``shared/fixtures/sysfs-rxe-6.1`` (Soft-RoCE devices name
     devices/virtual/infiniband/mlx5_bond_0/ports/1/gids/0..N-1          zeros when empty
     devices/virtual/infiniband/mlx5_bond_0/ports/1/gid_attrs/{types,ndevs}/<i>   only when non-empty
     class/infiniband_verbs/uverbs0 -> ../../devices/virtual/infiniband_verbs/uverbs0  (ibdev, dev)
+    class/infiniband_mad/{umad0,issm0} -> ...  (ibdev, port, dev)           SimBond(mad=True)
+    devices/virtual/infiniband/mlx5_bond_0/device -> ../../../pci0000:00/0000:17:00.0  (numa_node)
+                                                                          SimBond(numa_node=N)
+    class/misc/rdma_cm -> ../../devices/virtual/misc/rdma_cm  (dev)        build_tree(rdma_cm=True)
     class/net/bond0 -> ../../devices/virtual/net/bond0 (address, ifindex, mtu, bonding/...)
     module/ib_core/parameters/netns_mode                                 Y (shared) / N (exclusive)
 
 An empty slot's ``types``/``ndevs`` fail with EINVAL on the kernel; a file tree cannot fail a read,
 so those files are absent (ENOENT), which readers treat the same way. Every write is a rename, so a
 concurrent reader sees the old or the new value, never a torn one.
+
+Char device numbers are the kernel's: ib_uverbs has major 231 minors 192+N, ib_umad major 231 minors
+N (umadN) and 64+N (issmN); ``rdma_cm`` (rdma_ucm) is a misc device, major 10 with a *dynamic* minor
+— 58 here, what mlx5 nodes commonly show (it depends on module load order). :mod:`rdma_cni.sim.devnodes`
+makes the nodes under a dev root from these ``dev`` files, as udev does.
 
 Usage::
 
@@ -32,6 +41,11 @@ from dataclasses import dataclass
 from rdma_cni.rdma.sysfs import ROCE_V2, ZERO_GID
 
 RXE_GID_SLOTS = 1024
+IB_MAJOR = 231  # ib_uverbs and ib_umad share it (include/rdma/ib_user_*.h, IB_UVERBS_BASE_MINOR 192)
+UVERBS_BASE_MINOR = 192
+ISSM_BASE_MINOR = 64
+MISC_MAJOR = 10
+RDMA_CM_MINOR = 58  # MISC_DYNAMIC_MINOR: assigned at load; 58 is a typical value on mlx5 nodes
 ZERO_TEXT = ":".join(["0000"] * 8)
 
 
@@ -45,6 +59,8 @@ class SimBond:
     ifindex: int = 0
     mtu: int = 1500
     uverbs: int | None = None  # N of uverbsN; None -> the bond's position
+    numa_node: int | None = None  # device/numa_node (-1: no NUMA info); None: no PCI parent (rxe-like)
+    mad: bool = False  # umadN/issmN in class/infiniband_mad, N as for uverbs
 
 
 def _mac_for(name: str) -> str:
@@ -142,11 +158,44 @@ def _write_uverbs(root: str, device: str, n: int) -> None:
     base = os.path.join(root, "devices", "virtual", "infiniband_verbs", f"uverbs{n}")
     put(os.path.join(base, "ibdev"), device + "\n")
     put(os.path.join(base, "abi_version"), "1\n")
-    put(os.path.join(base, "dev"), f"231:{192 + n}\n")
+    put(os.path.join(base, "dev"), f"{IB_MAJOR}:{UVERBS_BASE_MINOR + n}\n")
     _link(
         f"../../devices/virtual/infiniband_verbs/uverbs{n}",
         os.path.join(root, "class", "infiniband_verbs", f"uverbs{n}"),
     )
+
+
+def _write_mad(root: str, device: str, n: int, port: int = 1) -> None:
+    for kind, minor in (("umad", n), ("issm", ISSM_BASE_MINOR + n)):
+        base = os.path.join(root, "devices", "virtual", "infiniband_mad", f"{kind}{n}")
+        put(os.path.join(base, "ibdev"), device + "\n")
+        put(os.path.join(base, "port"), f"{port}\n")
+        put(os.path.join(base, "dev"), f"{IB_MAJOR}:{minor}\n")
+        _link(f"../../devices/virtual/infiniband_mad/{kind}{n}",
+              os.path.join(root, "class", "infiniband_mad", f"{kind}{n}"))
+    put(os.path.join(root, "class", "infiniband_mad", "abi_version"), "5\n")
+
+
+def pci_address(n: int) -> str:
+    return f"0000:{0x17 + n:02x}:00.0"
+
+
+def set_numa_node(root: str, device: str, numa_node: int | None, n: int = 0) -> None:
+    """Give ``device`` a PCI parent whose ``numa_node`` reads ``numa_node`` (None: no parent at all)."""
+    link = os.path.join(ib_dir(root, device), "device")
+    if numa_node is None:
+        _unlink(link)
+        return
+    pci = os.path.join(root, "devices", "pci0000:00", pci_address(n))
+    put(os.path.join(pci, "numa_node"), f"{numa_node}\n")
+    put(os.path.join(pci, "vendor"), "0x15b3\n")  # Mellanox
+    _link(os.path.relpath(pci, ib_dir(root, device)), link)
+
+
+def set_rdma_cm(root: str, minor: int = RDMA_CM_MINOR) -> None:
+    base = os.path.join(root, "devices", "virtual", "misc", "rdma_cm")
+    put(os.path.join(base, "dev"), f"{MISC_MAJOR}:{minor}\n")
+    _link("../../devices/virtual/misc/rdma_cm", os.path.join(root, "class", "misc", "rdma_cm"))
 
 
 def write_netdev(root: str, bond: SimBond, mac: str, operstate: str = "up") -> None:
@@ -188,16 +237,26 @@ def set_netns_mode(root: str, mode: str) -> None:
 
 
 def build_tree(
-    root: str, bonds: Sequence[SimBond], gid_slots: int = RXE_GID_SLOTS, netns_mode: str = "shared"
+    root: str,
+    bonds: Sequence[SimBond],
+    gid_slots: int = RXE_GID_SLOTS,
+    netns_mode: str = "shared",
+    rdma_cm: bool = False,
 ) -> str:
     """Create (or refresh) the tree for ``bonds``: slot 0 of each port holds the default GID."""
     os.makedirs(root, exist_ok=True)
     for pos, bond in enumerate(bonds):
         mac = bond.mac or _mac_for(bond.name)
+        n = pos if bond.uverbs is None else bond.uverbs
         _write_device(root, bond, mac, gid_slots)
-        _write_uverbs(root, bond.device, pos if bond.uverbs is None else bond.uverbs)
+        _write_uverbs(root, bond.device, n)
+        if bond.mad:
+            _write_mad(root, bond.device, n)
+        set_numa_node(root, bond.device, bond.numa_node, n)
         write_netdev(root, bond, mac)
         write_slot(root, bond.device, 1, 0, default_gid(mac), bond.name)
+    if rdma_cm:
+        set_rdma_cm(root)
     set_netns_mode(root, netns_mode)
     return root
 

@@ -1,0 +1,84 @@
+"""Whether kubelet may hand an RDMA bond to a new pod: a pure verdict on what was observed.
+
+Healthy means every one of these holds (DESIGN.md "rdma-device-plugin: behaviour"):
+
+* the RDMA port is ``ACTIVE`` (sysfs ``ports/N/state``; it has no netlink event, hence the rescan);
+* the bond netdev exists in the node's netns, is up and has carrier;
+* the ``uverbsN`` char device exists under the dev root (what the pod opens);
+* the bond holds an IPv4 address, or a live pod holds it (rdma-macvlan moved it into that pod and
+  gives it back on DEL). A bond that was re-addressed holds an address, so it is healthy (issue 12);
+  a bond without one whose record's pod is gone lost its address (``cni-tool state`` / ``gc``).
+
+The verdict is a function of an :class:`Observation` only, so recovery needs no special path: the
+next scan re-evaluates and the cause that went away is no longer named.
+
+    evaluate(bond, Observation(port_state="DOWN", ...))   # DeviceHealth(..., healthy=False, reason=...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A pod (attachment record in ``dataDir``) that holds the bond's addresses."""
+
+    container_id: str
+    netns: str
+    alive: bool  # its recorded netns still exists with the recorded inode
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one scan saw of one bond. ``link_present=False`` makes the link fields meaningless."""
+
+    port_state: str  # "ACTIVE", "DOWN", "INIT", "GONE" (the RDMA device left sysfs), ...
+    link_present: bool
+    link_up: bool
+    carrier: bool
+    ipv4: tuple[str, ...]  # the bond's IPv4 addresses in the node netns
+    uverbs_node: str  # host path of the uverbs node checked, "" when sysfs names none
+    uverbs_ok: bool  # a character device is there
+    holders: tuple[Holder, ...] = ()
+
+
+def causes(bond: RdmaBond, seen: Observation) -> list[str]:
+    """Every reason the bond cannot be given out now, each naming what to look at."""
+    out: list[str] = []
+    if seen.port_state == "GONE":
+        out.append(f"RDMA device {bond.id} is gone from sysfs (driver unloaded, or the bond's LAG broke up)")
+    elif seen.port_state != "ACTIVE":
+        out.append(f"RDMA port {bond.id}/{bond.port} is {seen.port_state}, not ACTIVE "
+                   "(check the bond's slaves, the cable and the switch port)")
+    if not seen.link_present:
+        out.append(f"bond {bond.netdev} is missing from the node's network namespace")
+    elif not seen.link_up:
+        out.append(f"bond {bond.netdev} is down (`ip link set {bond.netdev} up`)")
+    elif not seen.carrier:
+        out.append(f"bond {bond.netdev} has no carrier (no slave link is up)")
+    if not seen.uverbs_node:
+        out.append(f"no uverbs device names {bond.id} in class/infiniband_verbs (is ib_uverbs loaded?)")
+    elif not seen.uverbs_ok:
+        out.append(f"{seen.uverbs_node} is missing or not a character device (is ib_uverbs loaded?)")
+    if seen.link_present and not seen.ipv4:
+        out.extend(_address_causes(bond, seen.holders))
+    return out
+
+
+def _address_causes(bond: RdmaBond, holders: tuple[Holder, ...]) -> list[str]:
+    if any(h.alive for h in holders):
+        return []  # lent to a live pod: DEL gives it back
+    if holders:
+        dead = holders[0]
+        return [f"bond {bond.netdev} has no IPv4 address: container {dead.container_id[:12]} holds it "
+                f"but its netns {dead.netns or '(none)'} is gone (`cni-tool gc` gives it back)"]
+    return [f"bond {bond.netdev} has no IPv4 address and no pod holds it: the node lost it "
+            "(see `cni-tool state`; give the bond its address back)"]
+
+
+def evaluate(bond: RdmaBond, seen: Observation) -> DeviceHealth:
+    found = causes(bond, seen)
+    return DeviceHealth(id=bond.id, healthy=not found, reason="; ".join(found))

@@ -1,0 +1,218 @@
+"""Which RDMA bonds this node has and how each is doing: one read of sysfs, the dev root, netlink of
+the current netns and rdma-macvlan's attachment records.
+
+Discovery follows rdma-macvlan exactly: the bonds are the ``masters`` of its config, or, without
+it, every netdev backing a RoCE port (:func:`rdma_cni.plugins.macvlan_rdma.default_masters`); each
+one's RDMA device comes from the same sysfs readers the CNI plugin uses. So a device kubelet hands
+out is always a bond the CNI plugin can move into the pod.
+
+A device stays listed when its bond or RDMA device vanishes, if the caller passes the previous
+snapshot: it turns Unhealthy (kubelet keeps counting it and stops giving it out) instead of
+silently shrinking the capacity, and becomes Healthy again when it is back.
+
+    snap = scan(cfg)                      # Snapshot(bonds=(RdmaBond(...), ...), health=(...))
+    snap = scan(cfg, previous=snap)       # each rescan
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+from collections.abc import Iterable, Mapping
+
+from rdma_cni.deviceplugin.config import PluginConfig
+from rdma_cni.deviceplugin.health import Holder, Observation, evaluate
+from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot, natural_key
+from rdma_cni.rdma import sysfs
+
+__all__ = ["DeviceHealth", "RdmaBond", "Snapshot", "discover", "observe", "scan"]
+
+log = logging.getLogger("rdma_cni.deviceplugin")
+
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000  # carrier: for a bond, at least one slave is up
+GONE = "GONE"
+
+
+# --- sysfs: the devices ------------------------------------------------------------------------------
+
+
+def numa_of(sysfs_root: str, device: str) -> int | None:
+    """``class/infiniband/<dev>/device/numa_node``: a node >= 0, else None (-1 on machines without
+    NUMA information, absent for virtual devices such as Soft-RoCE)."""
+    path = os.path.join(sysfs.device_dir(sysfs_root, device), "device", "numa_node")
+    try:
+        with open(path) as f:
+            value = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def mad_devices(sysfs_root: str, device: str, port: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(umad…, issm…)`` char device names of ``device``'s ``port`` from ``class/infiniband_mad``
+    (each entry has ``ibdev`` and ``port``, as the kernel's ib_umad lays them out)."""
+    base = os.path.join(sysfs_root, "class", "infiniband_mad")
+    try:
+        names = sorted(os.listdir(base), key=natural_key)
+    except (FileNotFoundError, NotADirectoryError):
+        return (), ()
+    umad: list[str] = []
+    issm: list[str] = []
+    for name in names:
+        kind = umad if name.startswith("umad") else issm if name.startswith("issm") else None
+        if kind is None or _read(os.path.join(base, name, "ibdev")) != device:
+            continue
+        own_port = _read(os.path.join(base, name, "port"))
+        if own_port is None or own_port == str(port):
+            kind.append(name)
+    return tuple(umad), tuple(issm)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _bond_netdevs(cfg: PluginConfig) -> list[str]:
+    if cfg.masters is not None:
+        return list(cfg.masters)
+    from rdma_cni.plugins.macvlan_rdma import default_masters
+
+    return default_masters(cfg.sysfs_root)
+
+
+def discover(cfg: PluginConfig, previous: Snapshot | None = None) -> tuple[RdmaBond, ...]:
+    """The devices to advertise, in natural order of their IDs (see the module doc for ``previous``)."""
+    found: dict[str, RdmaBond] = {}
+    for netdev in _bond_netdevs(cfg):
+        port = sysfs.port_for_netdev(cfg.sysfs_root, netdev)
+        if port is None:
+            log.debug("%s has no RDMA device under %s", netdev, cfg.sysfs_root)
+            continue
+        if port.device in found:
+            continue  # a second port of the same device: one device, its first bond
+        umad, issm = mad_devices(cfg.sysfs_root, port.device, port.port)
+        found[port.device] = RdmaBond(
+            id=port.device,
+            netdev=netdev,
+            port=port.port,
+            numa=numa_of(cfg.sysfs_root, port.device),
+            uverbs=port.uverbs,
+            umad=umad,
+            issm=issm,
+        )
+    claimed = {b.netdev for b in found.values()}
+    for old in previous.bonds if previous is not None else ():
+        if old.id not in found and old.netdev not in claimed and _still_wanted(cfg, old):
+            found[old.id] = old  # vanished: kept, and Unhealthy until it is back
+    return tuple(sorted(found.values(), key=lambda b: natural_key(b.id)))
+
+
+def _still_wanted(cfg: PluginConfig, bond: RdmaBond) -> bool:
+    return cfg.masters is None or bond.netdev in cfg.masters
+
+
+# --- the live side: netlink, dev root, records ---------------------------------------------------------
+
+
+def _links_and_ipv4() -> tuple[dict[str, tuple[int, int]], dict[int, list[str]]]:
+    """``{name: (index, flags)}`` of every link and ``{index: [IPv4]}``, in the current netns."""
+    from rdma_cni.net.nlsock import RtnlSocket
+
+    with RtnlSocket() as ipr:
+        links = {info.name: (info.index, info.flags) for info in ipr.link_dump()}
+        ipv4: dict[int, list[str]] = {}
+        for msg in ipr.addr_dump(family=socket.AF_INET):
+            ip = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
+            if ip:
+                ipv4.setdefault(int(msg["index"]), []).append(str(ip))
+    return links, ipv4
+
+
+def host_ipv4(netdevs: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """IPv4 addresses each of ``netdevs`` holds now in the current netns (absent link: left out)."""
+    links, ipv4 = _links_and_ipv4()
+    return {n: tuple(ipv4.get(links[n][0], ())) for n in netdevs if n in links}
+
+
+def is_char_device(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def dev_path(cfg: PluginConfig, name: str) -> str:
+    """Host path of ``/dev/infiniband/<name>`` under the configured dev root."""
+    return os.path.join(cfg.dev_root, "infiniband", name)
+
+
+def _netns_alive(netns: str, inode: int) -> bool:
+    from rdma_cni.net.netns import netns_inode
+
+    if not netns:
+        return False
+    now = netns_inode(netns)
+    return now is not None and (not inode or now == inode)
+
+
+def holders(data_dir: str) -> dict[str, tuple[Holder, ...]]:
+    """bond netdev -> the attachments (rdma-macvlan's records) that hold its addresses."""
+    from rdma_cni.state import NodeState
+
+    out: dict[str, list[Holder]] = {}
+    if not os.path.isdir(data_dir):
+        return {}
+    for rec in NodeState(data_dir).attachments():
+        alive = _netns_alive(rec.netns, rec.netns_inode)
+        for b in rec.bonds:
+            out.setdefault(b.bond, []).append(Holder(rec.container_id, rec.netns, alive))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observation]:
+    """One Observation per device, from one netlink dump and one read of the records."""
+    links, ipv4 = _links_and_ipv4()
+    held = holders(cfg.data_dir)
+    present = set(sysfs.list_devices(cfg.sysfs_root))
+    out: dict[str, Observation] = {}
+    for bond in bonds:
+        link = links.get(bond.netdev)
+        index, flags = link if link is not None else (0, 0)
+        state = _port_state(cfg.sysfs_root, bond) if bond.id in present else GONE
+        uverbs = dev_path(cfg, bond.uverbs) if bond.uverbs else ""
+        out[bond.id] = Observation(
+            port_state=state,
+            link_present=link is not None,
+            link_up=bool(flags & IFF_UP),
+            carrier=bool(flags & IFF_LOWER_UP),
+            ipv4=tuple(ipv4.get(index, ())) if link is not None else (),
+            uverbs_node=uverbs,
+            uverbs_ok=bool(uverbs) and is_char_device(uverbs),
+            holders=held.get(bond.netdev, ()),
+        )
+    return out
+
+
+def _port_state(sysfs_root: str, bond: RdmaBond) -> str:
+    text = _read(os.path.join(sysfs.port_dir(sysfs_root, bond.id, bond.port), "state"))
+    return text.split(":", 1)[-1].strip() if text else "UNKNOWN"
+
+
+def scan(cfg: PluginConfig, previous: Snapshot | None = None) -> Snapshot:
+    """The node now: devices (:func:`discover`) and the health of each."""
+    bonds = discover(cfg, previous)
+    seen = observe(cfg, bonds)
+    return Snapshot(bonds=bonds, health=tuple(evaluate(b, seen[b.id]) for b in bonds))
+
+
+def health_changes(before: Snapshot | None, after: Snapshot) -> Mapping[str, DeviceHealth]:
+    """Devices whose health (or reason) differs from ``before``, for one log line per change."""
+    old = {h.id: h for h in before.health} if before is not None else {}
+    return {h.id: h for h in after.health if old.get(h.id) != h}
