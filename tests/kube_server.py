@@ -2,9 +2,14 @@
 
 It serves ``GET /api/v1/namespaces/{ns}/pods/{name}`` like kube-apiserver: the Pod object (kind,
 apiVersion, metadata with uid and annotations, spec.containers[].resources), a ``Status`` object with
-404 for a missing pod and 401 without valid credentials. Credentials are a bearer token or a client
-certificate signed by the test CA (what kubeadm's node kubeconfigs use). Tests can script failures:
-``fail_next`` statuses (e.g. 500) answered before the real answer, and ``delay`` seconds per answer.
+404 for a missing pod and 401 without valid credentials. It also takes a JSON merge patch of a pod's
+``status`` subresource (``PATCH .../pods/{name}/status``, content type
+``application/merge-patch+json``, else 415) applied to the stored pod, and serves
+``GET /apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}``. ``forbid``
+holds verbs (``"patch"``, ``"get"``) answered 403, as missing RBAC would. Credentials are a bearer
+token or a client certificate signed by the test CA (what kubeadm's node kubeconfigs use). Tests can
+script failures: ``fail_next`` statuses (e.g. 500) answered before the real answer, and ``delay``
+seconds per answer.
 
 Certificates are generated with the ``openssl`` CLI into a temp dir per :class:`Pki`. The server can
 listen inside a network namespace (``netns=``), so a plugin run with ``ip netns exec`` reaches it
@@ -103,6 +108,8 @@ class KubeServer:
         self.fail_next: list[int] = []
         self.delay = 0.0
         self.requests: list[dict[str, Any]] = []
+        self.nads: dict[tuple[str, str], dict[str, Any]] = {}
+        self.forbid: set[str] = set()
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -152,6 +159,20 @@ class KubeServer:
         }
         self.pods[(namespace, name)] = pod
         return pod
+
+    def add_nad(
+        self, namespace: str, name: str, config: str, annotations: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A NetworkAttachmentDefinition object; ``config`` is spec.config's text, taken as given."""
+        nad = {
+            "apiVersion": "k8s.cni.cncf.io/v1",
+            "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                         "annotations": annotations or {}},
+            "spec": {"config": config},
+        }  # fmt: skip
+        self.nads[(namespace, name)] = nad
+        return nad
 
     def kubeconfig(self, path: Path, auth: str = "token", inline: bool = True) -> Path:
         """Write a kubeconfig like kubeadm's: YAML, CA and client pair inline (``-data``) or as files."""
@@ -232,10 +253,17 @@ class KubeServer:
             self._thread = None
 
     def _answer(
-        self, path: str, headers: dict[str, str], peer_cert: dict[str, Any] | None
+        self,
+        path: str,
+        headers: dict[str, str],
+        peer_cert: dict[str, Any] | None,
+        method: str = "GET",
+        body: bytes = b"",
     ) -> tuple[int, Any]:
         with self._lock:
-            self.requests.append({"path": path, "authorization": "Authorization" in headers})
+            self.requests.append(
+                {"method": method, "path": path, "authorization": "Authorization" in headers, "body": body}
+            )
             scripted = self.fail_next.pop(0) if self.fail_next else None
         if self.delay:
             time.sleep(self.delay)
@@ -245,7 +273,19 @@ class KubeServer:
         token_ok = auth.startswith("Bearer ") and auth[len("Bearer ") :] in self.tokens
         if not token_ok and not peer_cert:
             return 401, _status(401, "Unauthorized")
+        if method.lower() in self.forbid:
+            return 403, _status(403, f"forbidden: cannot {method.lower()} {path}")
         parts = path.strip("/").split("/")
+        if method == "PATCH":
+            return self._patch_status(parts, headers, body)
+        if len(parts) == 7 and parts[:4] == ["apis", "k8s.cni.cncf.io", "v1", "namespaces"]:
+            if parts[5] == "network-attachment-definitions":
+                nad = self.nads.get((parts[4], parts[6]))
+                if nad is None:
+                    return 404, _status(
+                        404, f'network-attachment-definitions.k8s.cni.cncf.io "{parts[6]}" not found'
+                    )
+                return 200, nad
         if len(parts) != 6 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
             return 404, _status(404, "the server could not find the requested resource")
         pod = self.pods.get((parts[3], parts[5]))
@@ -253,9 +293,45 @@ class KubeServer:
             return 404, _status(404, f'pods "{parts[5]}" not found')
         return 200, pod
 
+    def _patch_status(self, parts: list[str], headers: dict[str, str], body: bytes) -> tuple[int, Any]:
+        if (
+            len(parts) != 7
+            or parts[:3] != ["api", "v1", "namespaces"]
+            or parts[4] != "pods"
+            or parts[6] != "status"
+        ):
+            return 405, _status(405, "the server does not allow this method on the requested resource")
+        if headers.get("Content-Type") != "application/merge-patch+json":
+            return 415, _status(
+                415, f"the body of the request was in an unknown format: {headers.get('Content-Type')}"
+            )
+        try:
+            patch = json.loads(body)
+        except ValueError:
+            return 400, _status(400, "invalid JSON in the patch")
+        with self._lock:
+            pod = self.pods.get((parts[3], parts[5]))
+            if pod is None:
+                return 404, _status(404, f'pods "{parts[5]}" not found')
+            _merge_patch(pod, patch)
+            return 200, pod
+
+
+def _merge_patch(target: dict[str, Any], patch: Any) -> None:
+    """RFC 7386: objects merge key by key, null deletes, anything else replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge_patch(target[key], value)
+        else:
+            target[key] = value
+
 
 def _status(code: int, message: str) -> dict[str, Any]:
-    reason = {401: "Unauthorized", 404: "NotFound", 500: "InternalError"}.get(code, "Unknown")
+    reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 500: "InternalError"}.get(
+        code, "Unknown"
+    )
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
             "reason": reason, "code": code}  # fmt: skip
 
@@ -282,9 +358,17 @@ def _handler_for(server: KubeServer) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_PATCH(self) -> None:
+            self._serve("PATCH")
+
+        def _serve(self, method: str) -> None:
             assert isinstance(self.connection, ssl.SSLSocket)
             peer = self.connection.getpeercert() or None
-            status, body = server._answer(self.path, dict(self.headers), peer)
+            length = int(self.headers.get("Content-Length") or 0)
+            payload = self.rfile.read(length) if length else b""
+            status, body = server._answer(self.path, dict(self.headers), peer, method, payload)
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

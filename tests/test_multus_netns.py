@@ -212,7 +212,10 @@ class Node:
             str(p.relative_to(self.ipam_dir)) for p in self.ipam_dir.rglob("*")
             if p.is_file() and p.name[0].isdigit()
         )  # fmt: skip
-        cached = sorted(str(p.relative_to(self.cache_dir)) for p in self.cache_dir.rglob("*") if p.is_file())
+        cached = sorted(
+            str(p.relative_to(self.cache_dir)) for p in self.cache_dir.rglob("*")
+            if p.is_file() and p.relative_to(self.cache_dir).parts[0] != "stats"  # node-wide counters
+        )  # fmt: skip
         return {"node_links": links(self.name), "ipam": ipam, "cache": cached}
 
     def down(self) -> None:
@@ -334,7 +337,9 @@ def test_containerd_annotations_in_runtime_config_skip_the_api(
     code, result = node.run("ADD", conf, "c1", pod, pod="not-in-the-api", uid="uid-1")
     assert code == 0, result
     assert links(pod) == {"lo", "eth0", "net1"}
-    assert api.requests == []
+    # No GET: the only call is the network-status PATCH, refused (404) for a pod the API does not
+    # have, which is counted and does not fail the ADD.
+    assert [r["method"] for r in api.requests] == ["PATCH"]
     (add,) = [c for c in node.delegate_calls() if c["cmd"] == "ADD"]
     assert add["stdin"]["runtimeConfig"]["deviceIDs"] == ["3"]
     code, out = node.run("DEL", conf, "c1", pod)
@@ -517,6 +522,8 @@ def test_runtime_annotations_and_an_unreachable_api_still_start_the_pod(
     code, result = node.run("ADD", conf, "c1", pod, uid="no-checkpoint-entry")
     assert code == 0, result  # the device count is unknown, so the delegate uses its own default
     assert links(pod) == {"lo", "eth0", "net1"}
+    stats = json.loads((node.cache_dir / "stats" / "network-status.json").read_text())
+    assert stats["failures"] == 1 and "unreachable" in stats["lastError"]
     assert node.run("DEL", conf, "c1", pod)[0] == 0
     assert node.leftovers() == CLEAN_NODE
 

@@ -1,4 +1,5 @@
-"""GET one pod from the Kubernetes API, over TLS, with a deadline and bounded retries.
+"""The few Kubernetes API calls a node plugin makes, over TLS, with a deadline and bounded retries:
+GET a pod, PATCH its network-status annotation, GET a NetworkAttachmentDefinition.
 
 The API server may be restarting when a pod starts (a node reboot brings everything up at once), so
 connection failures, timeouts, 429 and 5xx are retried with a short backoff until ``attempts`` or the
@@ -7,6 +8,8 @@ logs a header or a key: the token only ever goes into the request it authorises.
 
     client = PodClient(kubeconfig.load("/etc/cni/net.d/rdma-multus.d/kubeconfig"))
     pod = client.get_pod("default", "ibv-app-0")     # None when the pod does not exist
+    client.patch_pod_annotations("default", "ibv-app-0", {"k8s.v1.cni.cncf.io/network-status": "[...]"})
+    nad = client.get_network_attachment_definition("default", "rdma-net")   # the object, or None
 """
 
 from __future__ import annotations
@@ -65,7 +68,61 @@ class PodClient:
             )
         return Pod.from_api(obj)
 
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Set ``annotations`` with one JSON merge patch on the pod's ``status`` subresource.
+
+        The status subresource is what Multus writes network-status through (node credentials may
+        update a pod's status, not its spec), and a merge patch of only our keys neither needs a
+        prior GET nor races other writers of other annotations.
+        """
+        path = f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/pods/{urllib.parse.quote(name)}/status"
+        body = json.dumps({"metadata": {"annotations": annotations}}).encode()
+        status, _ = self._call("PATCH", path, body, "application/merge-patch+json")
+        if status in (401, 403):
+            raise CniError(
+                KUBE_API_FAILURE,
+                f"Kubernetes API refused PATCH pod {namespace}/{name}/status with {status}: "
+                "grant the node's identity 'patch' on pods/status (conf/k8s/rdma-cni.yaml's ClusterRole)",
+            )
+        if status == 404:
+            raise CniError(KUBE_API_FAILURE, f"pod {namespace}/{name} is gone: network-status not written")
+        if status != 200:
+            raise CniError(
+                KUBE_API_FAILURE, f"Kubernetes API answered {status} to PATCH pod {namespace}/{name}/status"
+            )
+
+    def get_network_attachment_definition(self, namespace: str, name: str) -> dict[str, object] | None:
+        """The ``k8s.cni.cncf.io/v1`` NetworkAttachmentDefinition object; None when it does not exist."""
+        path = (
+            f"/apis/k8s.cni.cncf.io/v1/namespaces/{urllib.parse.quote(namespace)}"
+            f"/network-attachment-definitions/{urllib.parse.quote(name)}"
+        )
+        what = f"NetworkAttachmentDefinition {namespace}/{name}"
+        status, body = self._get(path)
+        if status == 404:
+            return None
+        if status in (401, 403):
+            raise CniError(
+                KUBE_API_FAILURE,
+                f"Kubernetes API refused GET {what} with {status}: grant the node's identity 'get' on "
+                "network-attachment-definitions (k8s.cni.cncf.io)",
+            )
+        if status != 200:
+            raise CniError(KUBE_API_FAILURE, f"Kubernetes API answered {status} to GET {what}")
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            raise CniError(KUBE_API_FAILURE, f"Kubernetes API sent invalid JSON for {what}") from exc
+        if not isinstance(obj, dict):
+            raise CniError(KUBE_API_FAILURE, f"Kubernetes API sent something other than an object for {what}")
+        return obj
+
     def _get(self, path: str) -> tuple[int, bytes]:
+        return self._call("GET", path)
+
+    def _call(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = ""
+    ) -> tuple[int, bytes]:
         deadline = time.monotonic() + self.timeout
         last = ""
         for attempt in range(1, self.attempts + 1):
@@ -73,7 +130,7 @@ class PodClient:
             if remaining <= 0:
                 break
             try:
-                status, body = self._request(path, remaining)
+                status, answer = self._request(method, path, remaining, body, content_type)
             except (OSError, http.client.HTTPException) as exc:
                 if isinstance(exc, ssl.SSLCertVerificationError):
                     raise CniError(
@@ -84,9 +141,11 @@ class PodClient:
                 last = f"{type(exc).__name__}: {exc}"
             else:
                 if status not in RETRYABLE_STATUS:
-                    return status, body
+                    return status, answer
                 last = f"HTTP {status}"
-            log.warning("Kubernetes API GET %s attempt %d/%d failed: %s", path, attempt, self.attempts, last)
+            log.warning(
+                "Kubernetes API %s %s attempt %d/%d failed: %s", method, path, attempt, self.attempts, last
+            )
             pause = min(self.backoff * 2 ** (attempt - 1), max(0.0, deadline - time.monotonic()))
             if attempt < self.attempts and pause > 0:
                 time.sleep(pause)
@@ -96,7 +155,9 @@ class PodClient:
             f"within {self.timeout:g}s: {last or 'timed out'}",
         )
 
-    def _request(self, path: str, timeout: float) -> tuple[int, bytes]:
+    def _request(
+        self, method: str, path: str, timeout: float, body: bytes | None, content_type: str
+    ) -> tuple[int, bytes]:
         url = urllib.parse.urlsplit(self.config.server)
         conn: http.client.HTTPConnection
         if url.scheme == "https":
@@ -106,11 +167,13 @@ class PodClient:
         else:
             conn = http.client.HTTPConnection(url.hostname or "", url.port or 80, timeout=timeout)
         headers = {"Accept": "application/json", "User-Agent": "rdma-multus"}
+        if content_type:
+            headers["Content-Type"] = content_type
         token = self.config.bearer_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            conn.request("GET", url.path.rstrip("/") + path, headers=headers)
+            conn.request(method, url.path.rstrip("/") + path, body=body, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:

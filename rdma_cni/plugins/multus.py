@@ -35,8 +35,10 @@ from rdma_cni.cni.invoke import find_plugin
 from rdma_cni.cni.request import Attachment, Request
 from rdma_cni.cni.result import Result
 from rdma_cni.cni.result import parse as parse_result
+from rdma_cni.plugins import multus_status
 from rdma_cni.plugins.multus_config import MultusConfig, parse_config
 from rdma_cni.plugins.multus_delegates import Delegate, DelegateRunner, gc_network, status_network
+from rdma_cni.plugins.multus_nad import load_network
 from rdma_cni.plugins.multus_networks import NetworkSelection
 from rdma_cni.plugins.multus_plan import AttachmentPlan, PlanStore
 from rdma_cni.plugins.multus_pod import CRI_ANNOTATIONS, PodView
@@ -54,7 +56,10 @@ class Multus:
                 f"container {req.container_id} {req.ifname} is already set up by rdma-multus: DEL it first",
             )
         pod = PodView(req, cfg)
-        plan = AttachmentPlan(req.container_id, req.ifname, req.netns, pod.ref(), _plan(req, cfg, pod))
+        wanted = _networks(req, cfg, pod.selections())
+        plan = AttachmentPlan(
+            req.container_id, req.ifname, req.netns, pod.ref(), _plan(req, cfg, pod, wanted)
+        )
         store.save(plan)  # before any delegate runs: DEL must be able to undo a half-done ADD
         runner = _runner(req, cfg)
         results: list[dict[str, Any]] = []
@@ -69,6 +74,7 @@ class Multus:
                 _rollback(store, runner, plan, index)
                 msg = f"network {delegate.network} ({delegate.ifname}): {err.msg}"
                 raise CniError(err.code, msg, err.details) from exc
+        _write_network_status(req, cfg, pod, plan.delegates, wanted, results)
         return _merge(plan.delegates, results)
 
     def delete(self, req: Request) -> None:
@@ -229,13 +235,12 @@ class _Wanted:
     is_default: bool
 
 
-def _plan(req: Request, cfg: MultusConfig, pod: PodView) -> list[Delegate]:
-    wanted = _networks(req, cfg, pod.selections())
+def _plan(req: Request, cfg: MultusConfig, pod: PodView, wanted: Sequence[_Wanted]) -> list[Delegate]:
     dirs = cfg.delegate_dirs(req.path)
     delegates = []
     claimed = False
     for w in wanted:
-        net = conflist.load(cfg.conf_dir, w.selection.name)
+        net = load_network(cfg, w.selection, pod.namespace)
         for plugin in net.plugins:
             # Fail before anything runs when a binary is missing: a rollback is never free.
             find_plugin(str(plugin["type"]), dirs)
@@ -275,6 +280,42 @@ def _check_unclaimed_devices(cfg: MultusConfig, pod: PodView) -> None:
             "without RDMA interfaces (add the RDMA network, e.g. tke-rdma-macvlan, to the annotation)",
             who, len(ids), cfg.rdma_resource, ", ".join(ids), cfg.annotation,
         )  # fmt: skip
+
+
+def _write_network_status(
+    req: Request,
+    cfg: MultusConfig,
+    pod: PodView,
+    delegates: Sequence[Delegate],
+    wanted: Sequence[_Wanted],
+    results: Sequence[dict[str, Any]],
+) -> None:
+    """Publish Multus's ``network-status`` annotation for the networks just added (best effort).
+
+    Only with a kubeconfig, as Multus: without one there is no identity to write with. Names follow
+    Multus: the default network by its config name, the others as ``namespace/name``.
+    """
+    if not cfg.kubeconfig or not pod.name or not pod.namespace:
+        log.debug("network-status not written: no kubeconfig or no pod name in CNI_ARGS")
+        return
+    entries: list[dict[str, Any]] = []
+    for d, w, raw in zip(delegates, wanted, results, strict=True):
+        name = d.network if w.is_default else f"{w.selection.namespace or pod.namespace}/{w.selection.name}"
+        result = parse_result(raw, what=f"result of network {d.network}")
+        info = multus_status.rdma_device_info(d.config, req.container_id)
+        entries.extend(multus_status.network_statuses(name, result, w.is_default, info))
+    text = multus_status.render(entries)
+
+    def patch(annotations: dict[str, str]) -> None:
+        from rdma_cni.kube import kubeconfig
+        from rdma_cni.kube.client import PodClient
+
+        client = PodClient(
+            kubeconfig.load(cfg.kubeconfig), timeout=cfg.api_timeout, attempts=cfg.api_attempts
+        )
+        client.patch_pod_annotations(pod.namespace, pod.name, annotations)
+
+    multus_status.publish(patch, text, f"{pod.namespace}/{pod.name}", cfg.cache_dir)
 
 
 def _networks(req: Request, cfg: MultusConfig, selections: list[NetworkSelection]) -> list[_Wanted]:
