@@ -136,11 +136,15 @@ def test_daemonset_carries_the_seed_component_parameters() -> None:
     assert args[args.index("--kubelet-root-dir") + 1] == "$(KUBELET_ROOT_DIR)"
 
 
-def test_rbac_lets_the_daemonset_get_pods_and_nothing_more() -> None:
+def test_rbac_grants_exactly_what_the_meta_plugin_calls() -> None:
     docs = {d["kind"]: d for d in documents(K8S / "rdma-cni.yaml")}
     sa = docs["ServiceAccount"]["metadata"]
     assert docs["DaemonSet"]["spec"]["template"]["spec"]["serviceAccountName"] == sa["name"]
-    assert docs["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert docs["ClusterRole"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},  # the pod's annotation
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},  # network-status
+        {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"], "verbs": ["get"]},
+    ]
     binding = docs["ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
     subject = {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
