@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 from collections.abc import Iterable, Mapping
 
 from rdma_cni.deviceplugin.config import PluginConfig
@@ -32,6 +33,10 @@ __all__ = ["DeviceHealth", "RdmaBond", "Snapshot", "discover", "observe", "scan"
 log = logging.getLogger("rdma_cni.deviceplugin")
 
 IFF_UP = 0x1
+RTM_GETADDR = 22
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+_NLMSGHDR_SIZE = 16
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 IFF_LOWER_UP = 0x10000  # carrier: for a bond, at least one slave is up
 GONE = "GONE"
 
@@ -51,24 +56,23 @@ def numa_of(sysfs_root: str, device: str) -> int | None:
     return value if value >= 0 else None
 
 
-def mad_devices(sysfs_root: str, device: str, port: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(umad…, issm…)`` char device names of ``device``'s ``port`` from ``class/infiniband_mad``
-    (each entry has ``ibdev`` and ``port``, as the kernel's ib_umad lays them out)."""
+def mad_devices(sysfs_root: str) -> dict[tuple[str, int], tuple[tuple[str, ...], tuple[str, ...]]]:
+    """``(device, port) -> (umad…, issm…)`` char device names from ``class/infiniband_mad`` (each
+    entry has ``ibdev`` and ``port``, as the kernel's ib_umad lays them out); read once per scan."""
     base = os.path.join(sysfs_root, "class", "infiniband_mad")
     try:
         names = sorted(os.listdir(base), key=natural_key)
     except (FileNotFoundError, NotADirectoryError):
-        return (), ()
-    umad: list[str] = []
-    issm: list[str] = []
+        return {}
+    out: dict[tuple[str, int], tuple[list[str], list[str]]] = {}
     for name in names:
-        kind = umad if name.startswith("umad") else issm if name.startswith("issm") else None
-        if kind is None or _read(os.path.join(base, name, "ibdev")) != device:
+        kind = 0 if name.startswith("umad") else 1 if name.startswith("issm") else None
+        ibdev = _read(os.path.join(base, name, "ibdev")) if kind is not None else None
+        port = _read(os.path.join(base, name, "port"))
+        if kind is None or not ibdev or not port or not port.isdigit():
             continue
-        own_port = _read(os.path.join(base, name, "port"))
-        if own_port is None or own_port == str(port):
-            kind.append(name)
-    return tuple(umad), tuple(issm)
+        out.setdefault((ibdev, int(port)), ([], []))[kind].append(name)
+    return {k: (tuple(u), tuple(i)) for k, (u, i) in out.items()}
 
 
 def _read(path: str) -> str | None:
@@ -90,14 +94,17 @@ def _bond_netdevs(cfg: PluginConfig) -> list[str]:
 def discover(cfg: PluginConfig, previous: Snapshot | None = None) -> tuple[RdmaBond, ...]:
     """The devices to advertise, in natural order of their IDs (see the module doc for ``previous``)."""
     found: dict[str, RdmaBond] = {}
+    ports = {p.netdev: p for p in reversed(sysfs.list_ports(cfg.sysfs_root)) if p.netdev}
+    mads = mad_devices(cfg.sysfs_root)
     for netdev in _bond_netdevs(cfg):
-        port = sysfs.port_for_netdev(cfg.sysfs_root, netdev)
+        # One read of every port; port_for_netdev only for a bond found through its netdev's links.
+        port = ports.get(netdev) or sysfs.port_for_netdev(cfg.sysfs_root, netdev)
         if port is None:
             log.debug("%s has no RDMA device under %s", netdev, cfg.sysfs_root)
             continue
         if port.device in found:
             continue  # a second port of the same device: one device, its first bond
-        umad, issm = mad_devices(cfg.sysfs_root, port.device, port.port)
+        umad, issm = mads.get((port.device, port.port), ((), ()))
         found[port.device] = RdmaBond(
             id=port.device,
             netdev=netdev,
@@ -121,24 +128,51 @@ def _still_wanted(cfg: PluginConfig, bond: RdmaBond) -> bool:
 # --- the live side: netlink, dev root, records ---------------------------------------------------------
 
 
-def _links_and_ipv4() -> tuple[dict[str, tuple[int, int]], dict[int, list[str]]]:
-    """``{name: (index, flags)}`` of every link and ``{index: [IPv4]}``, in the current netns."""
+def _links_and_ipv4(netdevs: Iterable[str]) -> tuple[dict[str, tuple[int, int]], dict[int, list[str]]]:
+    """``{name: (index, flags)}`` of those of ``netdevs`` that exist and ``{index: [IPv4]}`` of
+    every link, in the current netns.
+
+    One GETLINK per bond rather than a dump: a node netns may hold hundreds of pod veths, and each
+    link message is ~40 attributes to walk. Addresses are read from the raw dump (the prefix and
+    two attributes): decoding each message with pyroute2 cost more than the rest of a scan."""
     from rdma_cni.net.nlsock import RtnlSocket
 
+    links: dict[str, tuple[int, int]] = {}
     with RtnlSocket() as ipr:
-        links = {info.name: (info.index, info.flags) for info in ipr.link_dump()}
-        ipv4: dict[int, list[str]] = {}
-        for msg in ipr.addr_dump(family=socket.AF_INET):
-            ip = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
-            if ip:
-                ipv4.setdefault(int(msg["index"]), []).append(str(ip))
+        for name in dict.fromkeys(netdevs):
+            info = ipr.link_get(name=name)
+            if info is not None:
+                links[name] = (info.index, info.flags)
+        raw = ipr.dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_INET, 0, 0, 0, 0))
+    ipv4: dict[int, list[str]] = {}
+    for msg in raw:
+        ip = _ipv4_of(msg)
+        if ip is not None:
+            ipv4.setdefault(ip[0], []).append(ip[1])
     return links, ipv4
+
+
+def _ipv4_of(msg: bytes) -> tuple[int, str] | None:
+    """(ifindex, address) of an RTM_NEWADDR message; IFA_LOCAL is the address on a peer link."""
+    from rdma_cni.net.nlsock import attributes
+
+    family, _, _, _, index = _IFADDRMSG.unpack_from(msg, _NLMSGHDR_SIZE)
+    if family != socket.AF_INET:
+        return None
+    found: dict[int, bytes] = {}
+    end = struct.unpack_from("=I", msg)[0]
+    for kind, value in attributes(msg, _NLMSGHDR_SIZE + _IFADDRMSG.size, end):
+        if kind in (IFA_ADDRESS, IFA_LOCAL) and len(value) == 4:
+            found[kind] = bytes(value)
+    packed = found.get(IFA_LOCAL) or found.get(IFA_ADDRESS)
+    return (index, socket.inet_ntop(socket.AF_INET, packed)) if packed else None
 
 
 def host_ipv4(netdevs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """IPv4 addresses each of ``netdevs`` holds now in the current netns (absent link: left out)."""
-    links, ipv4 = _links_and_ipv4()
-    return {n: tuple(ipv4.get(links[n][0], ())) for n in netdevs if n in links}
+    wanted = list(netdevs)
+    links, ipv4 = _links_and_ipv4(wanted)
+    return {n: tuple(ipv4.get(links[n][0], ())) for n in wanted if n in links}
 
 
 def is_char_device(path: str) -> bool:
@@ -178,7 +212,8 @@ def holders(data_dir: str) -> dict[str, tuple[Holder, ...]]:
 
 def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observation]:
     """One Observation per device, from one netlink dump and one read of the records."""
-    links, ipv4 = _links_and_ipv4()
+    bonds = list(bonds)
+    links, ipv4 = _links_and_ipv4(b.netdev for b in bonds)
     held = holders(cfg.data_dir)
     present = set(sysfs.list_devices(cfg.sysfs_root))
     out: dict[str, Observation] = {}

@@ -256,13 +256,6 @@ def port_for_netdev(sysfs_root: str, netdev: str) -> RdmaPort | None:
     return None
 
 
-def _slot_numbers(gids_dir: str) -> list[int]:
-    try:
-        return sorted(int(n) for n in os.listdir(gids_dir) if n.isdigit())
-    except FileNotFoundError:
-        return []
-
-
 ZERO_TEXT = b"0000:0000:0000:0000:0000:0000:0000:0000"
 
 
@@ -273,28 +266,33 @@ def sysfs_text(raw: bytes) -> bytes:
 
 
 def _scan_gids(gids_dir: str) -> Iterator[tuple[int, bytes]]:
-    """(index, raw sysfs text) of every slot that is not all zeros. One directory fd and one
-    ``os.open``/``read`` per slot: half the cost of ``open()`` (this runs 1024 times per port)."""
-    indexes = _slot_numbers(gids_dir)
-    if not indexes:
-        return
-    dfd = os.open(gids_dir, os.O_RDONLY | os.O_DIRECTORY)
+    """(index, raw sysfs text) of every slot that is not all zeros, in index order. One directory fd
+    and one ``os.open``/``read`` per slot: half the cost of ``open()`` (this runs 1024 times per
+    port). The kernel makes one attribute per slot, ``0..gid_tbl_len-1`` without holes, so slots are
+    opened in order until the first missing one: no listing and sorting of up to 1024 names, and a
+    caller that stops at the first match (``find_gid``) reads only the slots before it."""
     try:
-        for index in indexes:
+        dfd = os.open(gids_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        index = 0
+        while True:
             try:
                 fd = os.open(str(index), os.O_RDONLY, dir_fd=dfd)
             except FileNotFoundError:
-                continue
+                return
             try:
                 text = os.read(fd, 128).strip()
             except OSError as e:
-                if e.errno in (errno.EINVAL, errno.ENODATA):
-                    continue
-                raise
+                if e.errno not in (errno.EINVAL, errno.ENODATA):
+                    raise
+                text = b""
             finally:
                 os.close(fd)
             if text and text != ZERO_TEXT:
                 yield index, text
+            index += 1
     finally:
         os.close(dfd)
 
