@@ -16,6 +16,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 from netns import Node, sh
@@ -26,6 +27,7 @@ from rdma_cni.deviceplugin.config import PluginConfig, load_config
 from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot
 from rdma_cni.net.netns import entered, open_netns
 from rdma_cni.sim import devnodes, tree
+from rdma_cni.sim.fixture import materialise
 from rdma_cni.sim.node import barrier, daemon, wait_watched
 
 pytestmark = pytest.mark.netns
@@ -138,6 +140,21 @@ def test_discovery_honours_masters_of_the_cni_conf(make_rig: Callable[..., Rig])
     rig.cfg = cfg
     found = [(b.id, b.netdev) for b in rig.scan().bonds]
     assert found == [("mlx5_bond_1", "bond1"), ("mlx5_bond_3", "bond3")]
+
+
+FIXTURES = "/work/shared/fixtures/sysfs-rxe-6.1"
+
+
+@pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="captured sysfs fixtures not present")
+def test_discovery_reads_the_tree_captured_from_a_real_kernel(tmp_path: Path) -> None:
+    """Soft-RoCE on bonds (Debian 12, 6.1): virtual devices, so no PCI parent and no NUMA node; the
+    capture holds no infiniband_verbs class, so no uverbs either (such a device is never healthy)."""
+    root = materialise(os.path.join(FIXTURES, "host", "sys"), str(tmp_path / "sys"))
+    found = inventory.discover(PluginConfig(sysfs_root=root))
+    assert found == (RdmaBond("mlx5_bond_0", "bond0", 1, None, None),
+                     RdmaBond("mlx5_bond_1", "bond1", 1, None, None))
+    masters = inventory.discover(PluginConfig(sysfs_root=root, masters=("bond1", "bond7")))
+    assert [b.id for b in masters] == ["mlx5_bond_1"]
 
 
 def test_numa_node_minus_one_or_absent_gives_no_topology(make_rig: Callable[..., Rig]) -> None:
