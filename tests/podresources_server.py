@@ -6,7 +6,7 @@ like kubelet where the client can tell: ``Get`` of an unknown pod is an error (U
 plain ``fmt.Errorf``), ``get="disabled"`` answers like a kubelet with the ``KubeletPodResourcesGet``
 gate off (1.27-1.33 default: UNKNOWN "PodResources API Get method disabled"), ``get="absent"`` like
 one from before 1.27 (no such method: UNIMPLEMENTED), and ``malformed=True`` answers every call with
-bytes that are not a protobuf message. Every call is recorded in ``calls``.
+bytes that are not a protobuf message. Every call is recorded in ``calls`` by its method name.
 
     with PodResourcesServer(sock) as kubelet:
         kubelet.set_pod("default", "ibv-app-0", {"trainer": {RESOURCE: ["mlx5_bond_1", "mlx5_bond_3"]}})
@@ -66,13 +66,15 @@ class PodResourcesServer:
 
     # ------------------------------------------------------------ serving
     def add_to(self, server: grpc.Server) -> None:
-        alloc = self._handler(self._allocatable_resources, pb.AllocatableResourcesRequest)
+        alloc = self._handler(
+            "GetAllocatableResources", self._allocatable_resources, pb.AllocatableResourcesRequest
+        )
         handlers: dict[str, grpc.RpcMethodHandler] = {
-            "List": self._handler(self._list, pb.ListPodResourcesRequest),
+            "List": self._handler("List", self._list, pb.ListPodResourcesRequest),
             "GetAllocatableResources": alloc,
         }
         if self.get != "absent":
-            handlers["Get"] = self._handler(self._get, pb.GetPodResourcesRequest)
+            handlers["Get"] = self._handler("Get", self._get, pb.GetPodResourcesRequest)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
     def start(self) -> PodResourcesServer:
@@ -100,9 +102,8 @@ class PodResourcesServer:
         self.stop()
 
     # ------------------------------------------------------------ the API
-    def _handler(self, body: Any, request_type: Any) -> grpc.RpcMethodHandler:
+    def _handler(self, method: str, body: Any, request_type: Any) -> grpc.RpcMethodHandler:
         def respond(raw: bytes, context: grpc.ServicerContext) -> bytes:
-            method = body.__name__.lstrip("_")
             self.calls.append(method)
             request = request_type.FromString(raw)
             if self.malformed:

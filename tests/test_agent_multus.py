@@ -146,7 +146,7 @@ def test_pod_resources_asked_from_a_worker_and_grpc_never_in_the_agent(
             pod = node.pod_netns()
             code, result = run(node, sock, "ADD", conf, pod, uid)
             assert code == 0, result
-            assert kubelet.calls == ["get"]
+            assert kubelet.calls == ["Get"]
     finally:
         shutil.rmtree(short, ignore_errors=True)
     assert links(pod) == {"lo", "eth0", "bond0", "bond1"}

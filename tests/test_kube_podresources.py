@@ -51,7 +51,7 @@ def test_get_answers_one_pod_with_every_containers_devices_once(short_dir: str) 
     with serve(short_dir) as kubelet:
         got = podresources.pod_devices(kubelet.socket, "default", "ibv-app-0")
         assert got == EXPECTED
-        assert kubelet.calls == ["get"]
+        assert kubelet.calls == ["Get"]
         assert podresources.pod_devices(kubelet.socket, "kube-system", "ibv-app-0") == {}
 
 
@@ -59,14 +59,14 @@ def test_get_answers_one_pod_with_every_containers_devices_once(short_dir: str) 
 def test_kubelet_without_get_is_asked_with_list(short_dir: str, get: str) -> None:
     with serve(short_dir, get=get) as kubelet:
         assert podresources.pod_devices(kubelet.socket, "default", "ibv-app-0") == EXPECTED
-        assert kubelet.calls == (["list"] if get == "absent" else ["get", "list"])  # absent: never reached
+        assert kubelet.calls == (["List"] if get == "absent" else ["Get", "List"])  # absent: never reached
         assert podresources.pod_devices(kubelet.socket, "default", "nobody") is None
 
 
 def test_a_pod_get_does_not_know_is_looked_up_in_list_and_is_none_there_too(short_dir: str) -> None:
     with serve(short_dir) as kubelet:
         assert podresources.pod_devices(kubelet.socket, "default", "nobody") is None
-        assert kubelet.calls == ["get", "list"]
+        assert kubelet.calls == ["Get", "List"]
 
 
 def test_list_pods_and_allocatable_with_numa(short_dir: str) -> None:

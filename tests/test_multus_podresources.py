@@ -158,7 +158,7 @@ def test_pod_gets_exactly_the_four_bonds_kubelet_allocated_of_eight(rdma8: Rdma8
     with r.kubelet_says(["mlx5_bond_1", "mlx5_bond_3", "mlx5_bond_4", "mlx5_bond_6"]) as kubelet:
         code, result = r.run("ADD", r.config(), pod)
         assert code == 0, result
-        assert kubelet.calls == ["get"]
+        assert kubelet.calls == ["Get"]
     mine = ["bond1", "bond3", "bond4", "bond6"]
     assert r.in_pod(pod) == {b: HOST[b] for b in mine}
     assert r.host() == {b: ("" if b in mine else HOST[b]) for b in BONDS}
@@ -177,7 +177,7 @@ def test_a_kubelet_without_get_is_asked_with_list(rdma8: Rdma8, get: str) -> Non
     with r.kubelet_says(["mlx5_bond_5", "mlx5_bond_7"], get=get) as kubelet:
         code, result = r.run("ADD", r.config(), pod)
         assert code == 0, result
-        assert kubelet.calls[-1] == "list"
+        assert kubelet.calls[-1] == "List"
     assert r.in_pod(pod) == {"bond5": HOST["bond5"], "bond7": HOST["bond7"]}
     assert r.run("DEL", r.config(), pod)[0] == 0 and r.host() == HOST
 

@@ -19,6 +19,11 @@ def node_options(func: click.decorators.FC) -> click.decorators.FC:
         click.option("--cni-bin-dir", default="/opt/cni/bin", show_default=True),
         click.option("--conf-dir", default="/etc/cni/net.d", show_default=True),
         click.option("--kubelet-root-dir", default="/var/lib/kubelet", show_default=True),
+        click.option(
+            "--pod-resources-dir",
+            default="",
+            help="kubelet's PodResources socket dir (default <kubelet-root-dir>/pod-resources)",
+        ),
         click.option("--data-dir", default="", help="rdma-macvlan state (default: the installed config's)"),
         click.option("--run-dir", default="", help="GID records (default: the installed config's)"),
         click.option(
@@ -43,6 +48,7 @@ def paths_from(opts: dict[str, object]) -> NodePaths:
         cni_bin_dir=str(opts["cni_bin_dir"]),
         conf_dir=str(opts["conf_dir"]),
         kubelet_root_dir=str(opts["kubelet_root_dir"]),
+        pod_resources_dir=str(opts.get("pod_resources_dir") or ""),
         data_dir=str(opts["data_dir"]),
         run_dir=str(opts["run_dir"]),
         results_dirs=results_dirs or NodePaths.results_dirs,

@@ -14,10 +14,11 @@ from rdma_cni.cli.tool_doctor import node_options, paths_from
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.pass_context
 def state(ctx: click.Context, /, as_json: bool, **opts: object) -> None:
-    """Show pins (bond -> container/pod) and the addresses the host is missing (exit 1 if any)."""
+    """Show pins (bond -> container/pod, next to the pod kubelet gave its device to) and the addresses
+    the host is missing (exit 1 if any, or if a bond's IP is held by another pod than kubelet's)."""
     from rdma_cni.doctor.inventory import inventory, render_inventory, render_inventory_json
     from rdma_cni.doctor.node import observe
 
     inv = inventory(observe(paths_from(opts)))
     click.echo(render_inventory_json(inv) if as_json else render_inventory(inv), nl=False)
-    ctx.exit(1 if inv["missing"] or inv["unreadableState"] else 0)
+    ctx.exit(1 if inv["missing"] or inv["unreadableState"] or inv["allocationFailures"] else 0)

@@ -1,10 +1,11 @@
 """Every check of ``cni-tool doctor``, in the order a person would go through them: installed files,
-then the kernel's RDMA setup, the bonds, the GIDs, the plugin's state, the kubelet.
+then the kernel's RDMA setup, the bonds, the GIDs, the plugin's state, the device plugin and what
+kubelet allocated (per bond: kubelet's pod vs the pod holding the IP), the kubelet.
 """
 
 from __future__ import annotations
 
-from rdma_cni.doctor import host_checks, install_checks, rdma_checks, state_checks
+from rdma_cni.doctor import deviceplugin, host_checks, install_checks, rdma_checks, state_checks
 from rdma_cni.doctor.findings import Finding
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot, observe
 
@@ -17,6 +18,8 @@ CHECKS = (
     host_checks.check_bonds,
     rdma_checks.check_gids,
     state_checks.check_state,
+    deviceplugin.check_plugin,
+    deviceplugin.check_allocations,
     host_checks.check_topology_manager,
 )
 

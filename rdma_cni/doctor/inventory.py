@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rdma_cni.doctor.deviceplugin import ABSENT, DevicePluginView
 from rdma_cni.doctor.node import NodeSnapshot
 from rdma_cni.state import AttachmentRecord
 
@@ -94,32 +95,69 @@ def _last_known(snap: NodeSnapshot, netdev: str) -> str:
 
 
 def inventory(snap: NodeSnapshot) -> dict[str, Any]:
+    from rdma_cni.doctor.deviceplugin import snapshot_allocations
+
     pins = {b.bond: rec.container_id for rec in snap.attachments for b in rec.bonds}
+    allocs = {a.bond: a for a in snapshot_allocations(snap)}
     bonds = []
     for netdev in sorted({p.netdev for p in snap.ports if p.netdev} | set(pins)):
         port = next((p for p in snap.ports if p.netdev == netdev), None)
+        alloc = allocs.get(netdev)
         bonds.append(
             {
                 "bond": netdev,
                 "rdmaDevice": f"{port.device}/{port.port}" if port else "",
                 "hostAddresses": snap.host_addrs.get(netdev, []),
                 "pinnedTo": pins.get(netdev, ""),
+                # kubelet's pod for the bond's device (PodResources) next to the pod holding its IP
+                "allocatedTo": alloc.allocated_to if alloc else None,
+                "ipHeldBy": alloc.held_by if alloc else None,
+                "allocation": {"status": alloc.verdict, "detail": alloc.detail, "fix": alloc.fix}
+                if alloc
+                else None,
             }
         )
+    view = snap.device_plugin
     return {
         "dataDir": snap.data_dir,
         "bonds": bonds,
         "attachments": [_attachment(snap, r) for r in snap.attachments],
         "missing": _missing(snap),
         "unreadableState": snap.unreadable_state,
+        "kubelet": _kubelet_source(view),
+        "allocationFailures": [a.detail for a in allocs.values() if a.verdict == "FAIL"],
     }
 
 
+def _kubelet_source(view: DevicePluginView | None) -> str:
+    if view is None:
+        return ""
+    if view.kubelet_error == ABSENT:
+        return f"no kubelet PodResources socket at {view.socket}: allocations unknown"
+    return view.kubelet_error or f"kubelet PodResources {view.socket} ({view.resource})"
+
+
 def render_inventory(inv: dict[str, Any]) -> str:
-    lines = ["BOND     RDMA           HOST ADDRESSES               PINNED TO"]
+    header = "BOND     RDMA           HOST ADDRESSES               PINNED TO"
+    if any(b.get("allocation") for b in inv["bonds"]):
+        header += "     KUBELET GAVE IT TO    IP HELD BY"
+    lines = [header]
     for b in inv["bonds"]:
         addrs = ",".join(b["hostAddresses"]) or "-"
-        lines.append(f"{b['bond']:<8} {b['rdmaDevice'] or '-':<14} {addrs:<28} {b['pinnedTo'][:12] or '-'}")
+        line = f"{b['bond']:<8} {b['rdmaDevice'] or '-':<14} {addrs:<28} {b['pinnedTo'][:12] or '-':<13}"
+        if b.get("allocation"):
+            line += f" {b['allocatedTo'] or '-':<21} {b['ipHeldBy'] or '-'}"
+            if b["allocation"]["status"] != "OK":
+                line += f"  {b['allocation']['status']}"
+        lines.append(line.rstrip())
+    if inv.get("kubelet"):
+        lines.append(f"(allocations: {inv['kubelet']})")
+    for b in inv["bonds"]:
+        a = b.get("allocation")
+        if a and a["status"] != "OK":
+            lines.append(f"{a['status']} {a['detail']}")
+            if a["fix"]:
+                lines.append(f"     fix: {a['fix']}")
     lines.append("")
     if not inv["attachments"]:
         lines.append("no attachments: nothing is pinned")

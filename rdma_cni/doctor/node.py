@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import CniError
 from rdma_cni.rdma import records, sysfs
 from rdma_cni.rdma.sysfs import GidEntry, RdmaPort
 from rdma_cni.state import AttachmentRecord, NodeState
+
+if TYPE_CHECKING:
+    from rdma_cni.doctor.deviceplugin import DevicePluginView
 
 DELEGATE_SUBDIR = "rdma-multus.d"
 DELEGATE_NAME = "tke-rdma-macvlan"
@@ -37,6 +40,11 @@ class NodePaths:
     proc_root: str = "/proc"
     dev_root: str = "/dev"
     results_dirs: tuple[str, ...] = ("/var/lib/cni", "/var/lib/cni/rdma-multus")
+    pod_resources_dir: str = ""  # "" = <kubelet_root_dir>/pod-resources (it follows kubelet's --root-dir)
+    kubelet_timeout: float = 3.0  # per PodResources call
+
+    def pod_resources(self) -> str:
+        return self.pod_resources_dir or os.path.join(self.kubelet_root_dir, "pod-resources")
 
 
 @dataclass
@@ -52,6 +60,7 @@ class NodeSnapshot:
     netns_alive: dict[str, bool]  # container ID -> its recorded netns still exists with its inode
     host_record: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)  # what could not be read, for the checks to report
+    device_plugin: DevicePluginView | None = None  # the plugin's status file and kubelet's PodResources
 
 
 def delegate_config(paths: NodePaths) -> dict[str, Any] | None:
@@ -72,6 +81,8 @@ def _dirs(paths: NodePaths) -> tuple[str, str]:
 
 
 def observe(paths: NodePaths) -> NodeSnapshot:
+    from rdma_cni.doctor.deviceplugin import DEFAULT_RESOURCE, observe_device_plugin
+
     data_dir, run_dir = _dirs(paths)
     errors: list[str] = []
     ports = sysfs.list_ports(paths.sysfs_root)
@@ -92,7 +103,16 @@ def observe(paths: NodePaths) -> NodeSnapshot:
         netns_alive={a.container_id: _netns_alive(a) for a in attachments},
         host_record=records.read_host_record(run_dir),
         errors=errors,
+        device_plugin=observe_device_plugin(
+            paths.pod_resources(), run_dir, _resource(paths) or DEFAULT_RESOURCE, paths.kubelet_timeout
+        ),
     )
+
+
+def _resource(paths: NodePaths) -> str:
+    """The resource the installed RDMA network consumes (its ``resourceName``), "" if none."""
+    name = (delegate_config(paths) or {}).get("resourceName")
+    return name if isinstance(name, str) else ""
 
 
 def _host_addresses(netns: str, netdevs: list[str], errors: list[str]) -> dict[str, list[str]]:

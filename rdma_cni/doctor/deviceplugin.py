@@ -1,0 +1,340 @@
+"""The device plugin as the node sees it: what ``rdma-device-plugin`` says about itself (its status
+file), what kubelet says (PodResources: allocatable devices, and which pod holds which), and whether
+the bonds whose IPs the pods hold are the RDMA devices kubelet mounted in them.
+
+    view = observe_device_plugin(paths, run_dir, resource)   # once per doctor/state run
+    for a in bond_allocations(snap, pod_of):                 # per bond: kubelet's pod vs the IP's pod
+        print(a.bond, a.allocated_to, a.held_by, a.verdict)
+
+The status file (``<run_dir>/device-plugin/status.json``, written atomically by the plugin on every
+change) is ``{"resourceName", "registered", "registrations", "endpoint", "pid", "updated",
+"allocations", "devices": [{"id", "netdev", "numa", "healthy", "reason"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rdma_cni.cni.errors import CniError
+from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding
+
+if TYPE_CHECKING:
+    from rdma_cni.doctor.node import NodeSnapshot
+
+DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
+STATUS_FILE = os.path.join("device-plugin", "status.json")
+ABSENT = "absent"
+PodKey = tuple[str, str]
+
+
+@dataclass
+class DevicePluginView:
+    resource: str
+    status_path: str
+    status: dict[str, Any] | None
+    status_error: str  # "" = read; ABSENT; else why it could not be read
+    socket: str
+    pods: dict[PodKey, dict[str, list[str]]] | None  # None: kubelet not asked/answering
+    allocatable: list[tuple[str, tuple[int, ...]]] | None  # (device ID, NUMA) of ``resource``
+    kubelet_error: str  # "" = answered; ABSENT = no socket; else the client's sentence
+
+    def allocated(self) -> dict[str, str]:
+        """Device ID of ``resource`` -> "namespace/name" of the pod kubelet gave it to."""
+        out: dict[str, str] = {}
+        for (ns, name), devices in (self.pods or {}).items():
+            for dev in devices.get(self.resource, []):
+                out[dev] = f"{ns}/{name}"
+        return out
+
+    def known_ids(self) -> set[str]:
+        """IDs kubelet knows for ``resource``: allocatable now or allocated to a pod."""
+        return {d for d, _ in self.allocatable or []} | set(self.allocated())
+
+
+def observe_device_plugin(
+    pod_resources_dir: str, run_dir: str, resource: str, timeout: float = 3.0
+) -> DevicePluginView:
+    status_path = os.path.join(run_dir, STATUS_FILE)
+    status, status_error = _read_status(status_path)
+    if status and isinstance(status.get("resourceName"), str) and status["resourceName"]:
+        resource = status["resourceName"]
+    from rdma_cni.kube import podresources
+
+    sock = podresources.socket_path(pod_resources_dir)
+    pods: dict[PodKey, dict[str, list[str]]] | None = None
+    alloc: list[tuple[str, tuple[int, ...]]] | None = None
+    kubelet_error = ABSENT
+    if podresources.available(sock):
+        try:
+            pods = podresources.list_pods(sock, timeout)
+            alloc = [
+                (a.device_id, a.numa)
+                for a in podresources.allocatable(sock, timeout)
+                if a.resource == resource
+            ]
+            kubelet_error = ""
+        except CniError as err:
+            kubelet_error = err.msg
+    return DevicePluginView(resource, status_path, status, status_error, sock, pods, alloc, kubelet_error)
+
+
+def _read_status(path: str) -> tuple[dict[str, Any] | None, str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None, ABSENT
+    except (OSError, ValueError) as exc:
+        return None, f"{path} cannot be read: {exc}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices", []), list):
+        return None, f"{path} is not a device plugin status (an object with a devices list)"
+    return doc, ""
+
+
+# ---------------------------------------------------------------- cni-tool doctor
+
+
+def check_device_plugin(view: DevicePluginView | None) -> list[Finding]:
+    """Registered? How many devices, how many healthy, each one's NUMA node; kubelet agrees?"""
+    if view is None:
+        return []
+    if view.status is None:
+        return [_without_status(view)]
+    st = view.status
+    out = [_registration(view, st)]
+    devices = [d for d in st.get("devices", []) if isinstance(d, dict)]
+    healthy = [d for d in devices if d.get("healthy") is True]
+    if not devices:
+        out.append(
+            Finding(
+                "device-plugin",
+                FAIL,
+                f"{view.resource}: 0 devices advertised, RDMA pods stay Pending",
+                "no RDMA bond found: see the rdma-device lines above and `masters` in tke-rdma-macvlan.conf",
+            )
+        )
+    else:
+        status = OK if len(healthy) == len(devices) else WARN
+        out.append(
+            Finding(
+                "device-plugin",
+                status,
+                f"{view.resource}: {len(devices)} devices, {len(healthy)} healthy",
+                "the unhealthy devices below say why; health recovers when the cause goes away",
+            )
+        )
+    for d in devices:
+        out.append(_device_line(d))
+    out += _kubelet_agrees(view, {str(d.get("id")) for d in healthy})
+    return out
+
+
+def _without_status(view: DevicePluginView) -> Finding:
+    if view.status_error != ABSENT:
+        return Finding(
+            "device-plugin",
+            FAIL,
+            view.status_error,
+            "the plugin rewrites it atomically on every change: restart rdma-device-plugin",
+        )
+    if view.allocatable:
+        return Finding(
+            "device-plugin",
+            OK,
+            f"{view.resource}: kubelet has {len(view.allocatable)} allocatable "
+            f"(served by a device plugin without a status file at {view.status_path})",
+        )
+    if not view.kubelet_error:
+        return Finding(
+            "device-plugin",
+            WARN,
+            f"no device plugin advertises {view.resource} to kubelet: pods asking for it stay Pending",
+            "run rdma-device-plugin (the DaemonSet's device-plugin container)",
+        )
+    return Finding(
+        "device-plugin",
+        SKIP,
+        f"no device plugin status ({view.status_path}) and no kubelet PodResources ({view.socket}) here",
+    )
+
+
+def _registration(view: DevicePluginView, st: dict[str, Any]) -> Finding:
+    who = f"rdma-device-plugin (pid {st.get('pid', '?')})"
+    if st.get("registered") is True:
+        return Finding(
+            "device-plugin",
+            OK,
+            f"{who} registered {view.resource} with kubelet "
+            f"(endpoint {st.get('endpoint', '?')}, {st.get('registrations', '?')} registrations, "
+            f"{st.get('allocations', 0)} allocations)",
+        )
+    return Finding(
+        "device-plugin",
+        FAIL,
+        f"{who} is not registered with kubelet ({st.get('registrations', 0)} "
+        "registrations so far): RDMA pods cannot be scheduled here",
+        "is kubelet running? Its kubelet.sock must be in the plugin's --device-plugin-dir "
+        "(/var/lib/kubelet/device-plugins whatever kubelet's --root-dir); see the plugin's log",
+    )
+
+
+def _device_line(d: dict[str, Any]) -> Finding:
+    numa = d.get("numa")
+    where = f"{d.get('netdev') or '?'}, NUMA {numa if isinstance(numa, int) and numa >= 0 else 'none'}"
+    name = f"device-plugin {d.get('id', '?')}"
+    if d.get("healthy") is True:
+        return Finding(name, OK, f"{where}, healthy")
+    return Finding(
+        name,
+        WARN,
+        f"{where}, UNHEALTHY: {d.get('reason') or 'no reason given'}",
+        "fix the cause named (port, bond, uverbs node, bond address); kubelet gets it back "
+        "within a second once it is gone",
+    )
+
+
+def _kubelet_agrees(view: DevicePluginView, healthy: set[str]) -> list[Finding]:
+    if view.kubelet_error == ABSENT:
+        return [Finding("device-plugin kubelet", SKIP, f"no kubelet PodResources socket at {view.socket}")]
+    if view.kubelet_error:
+        return [
+            Finding(
+                "device-plugin kubelet",
+                WARN,
+                view.kubelet_error,
+                "pass --pod-resources-dir (kubelet's <root-dir>/pod-resources) if kubelet's root moved",
+            )
+        ]
+    kubelet = {d for d, _ in view.allocatable or []}
+    if kubelet == healthy:
+        numa = ", ".join(f"{d}={','.join(map(str, n)) or '-'}" for d, n in sorted(view.allocatable or []))
+        return [
+            Finding(
+                "device-plugin kubelet",
+                OK,
+                f"kubelet: {len(kubelet)} allocatable, as the plugin says (NUMA {numa or '-'})",
+            )
+        ]
+    return [
+        Finding(
+            "device-plugin kubelet",
+            WARN,
+            f"kubelet has {sorted(kubelet) or 'none'} allocatable, the plugin's healthy devices are "
+            f"{sorted(healthy) or 'none'}",
+            "kubelet has not got the plugin's latest list (restarted just now?): check again in a few "
+            "seconds; if it stays, restart rdma-device-plugin",
+        )
+    ]
+
+
+# ---------------------------------------------------------------- kubelet's pod vs the IP's pod
+
+
+@dataclass(frozen=True)
+class BondAllocation:
+    bond: str
+    device: str  # the ID kubelet uses for it
+    allocated_to: str  # "namespace/name" kubelet gave the device to, "" = nobody
+    held_by: str  # "namespace/name" whose netns holds the bond's IP, "container <id>" if unnamed, ""
+    verdict: str  # OK / WARN / FAIL
+    detail: str
+    fix: str = ""
+
+
+MISMATCH_FIX = (
+    "the pod's RDMA interfaces differ from the RDMA devices kubelet mounted in it: delete the pod that "
+    "holds the bond (its DEL gives the IP back) and let it be recreated; rdma-multus must read "
+    "kubelet's PodResources (podResourcesDir = kubelet's <root-dir>/pod-resources)"
+)
+
+
+def bond_allocations(
+    view: DevicePluginView | None,
+    bonds: dict[str, str],
+    pins: dict[str, str],
+    pod_of: Callable[[str], str],
+) -> list[BondAllocation]:
+    """Per bond (``bonds``: netdev -> RDMA device) whose ID kubelet knows: the pod kubelet allocated
+    it to next to the pod holding its IP (``pins``: bond -> container ID; ``pod_of``: container ID
+    -> "ns/name" or ""). Bonds kubelet knows by no ID (a shared plugin's opaque "0", "1"…) are left
+    out: nothing says which bond such a device is."""
+    if view is None or view.pods is None:
+        return []
+    known, allocated = view.known_ids(), view.allocated()
+    out = []
+    for bond, device in sorted(bonds.items()):
+        key = device if device in known else bond if bond in known else ""
+        if not key:
+            continue
+        to = allocated.get(key, "")
+        cid = pins.get(bond, "")
+        held = (pod_of(cid) or f"container {cid[:12]}") if cid else ""
+        out.append(_judge(bond, key, to, held, bool(cid and pod_of(cid))))
+    return out
+
+
+def _judge(bond: str, key: str, to: str, held: str, named: bool) -> BondAllocation:
+    what = f"{bond} ({key})"
+    if not to and not held:
+        return BondAllocation(bond, key, to, held, OK, f"{what}: free")
+    if held and not named:
+        return BondAllocation(
+            bond,
+            key,
+            to,
+            held,
+            WARN,
+            f"{what}: kubelet gave it to {to or 'no pod'}, its IP is held by {held} "
+            "whose pod is not recorded",
+            "`cni-tool state` lists the container's netns",
+        )
+    if to == held:
+        return BondAllocation(bond, key, to, held, OK, f"{what}: kubelet gave it to {to}, which holds its IP")
+    if held:
+        return BondAllocation(
+            bond,
+            key,
+            to,
+            held,
+            FAIL,
+            f"{what}: its IP is held by pod {held} but kubelet gave the device to {to or 'no pod'}",
+            MISMATCH_FIX,
+        )
+    return BondAllocation(
+        bond,
+        key,
+        to,
+        held,
+        WARN,
+        f"{what}: kubelet gave it to {to}, but no pod holds its IP: {to} has no RDMA interface on it",
+        f"if {to} should have RDMA: its tke.cloud.tencent.com/networks annotation must name "
+        "the RDMA network (tke-rdma-macvlan); recreate the pod",
+    )
+
+
+def snapshot_allocations(snap: NodeSnapshot) -> list[BondAllocation]:
+    """:func:`bond_allocations` of what ``observe`` read (pod names from the libcni caches)."""
+    from rdma_cni.doctor.inventory import pod_names
+
+    bonds = {p.netdev: p.device for p in snap.ports if p.netdev}
+    pins = {b.bond: rec.container_id for rec in snap.attachments for b in rec.bonds}
+    names: dict[str, str] = {}
+
+    def pod_of(cid: str) -> str:
+        if cid not in names:
+            names[cid] = pod_names(snap.paths.results_dirs, cid)
+        return names[cid]
+
+    return bond_allocations(snap.device_plugin, bonds, pins, pod_of)
+
+
+def check_plugin(snap: NodeSnapshot) -> list[Finding]:
+    return check_device_plugin(snap.device_plugin)
+
+
+def check_allocations(snap: NodeSnapshot) -> list[Finding]:
+    return [Finding(f"allocation {a.bond}", a.verdict, a.detail, a.fix) for a in snapshot_allocations(snap)]
