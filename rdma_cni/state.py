@@ -91,6 +91,7 @@ class BondRecord:
     rules: list[dict[str, Any]] = field(default_factory=list)
     pod_routes: list[dict[str, Any]] = field(default_factory=list)
     pod_rules: list[dict[str, Any]] = field(default_factory=list)
+    pod_table: int | None = None  # the bond's own table in the pod; None: the pod's main table
     moves_addresses: bool = True
     rdma: dict[str, Any] | None = None
 

@@ -23,7 +23,8 @@ def _full() -> Result:
             )
         ],
         ips=[IPConfig("198.51.100.2/24", "198.51.100.1", 0), IPConfig("2001:db8::2/64", interface=0)],
-        routes=[Route("203.0.113.0/24", "198.51.100.1", mtu=1400, advmss=1360, priority=5, table=7, scope=0)],
+        routes=[Route("203.0.113.0/24", "198.51.100.1", mtu=1400, advmss=1360, priority=5, table=7, scope=0),
+                Route("203.0.113.128/25", "198.51.100.1", priority=9, table=254)],
         dns=DNS(["198.51.100.53"], "d", ["s"], ["o"]),
     )
 
@@ -35,10 +36,26 @@ def test_round_trip_keeps_what_the_version_carries(version: str) -> None:
     if version != "1.1.0":  # 1.1-only fields are dropped by older versions, nothing else
         expected.interfaces[0].mtu = 0
         expected.interfaces[0].socket_path = expected.interfaces[0].pci_id = ""
+        del expected.routes[0]  # in table 7: not listable without 'table' (it would read as main)
         r = expected.routes[0]
-        r.mtu = r.advmss = r.priority = 0
-        r.table = r.scope = None
+        r.priority = 0
+        r.table = None
     assert back == expected
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_routes_outside_the_main_table_are_listed_only_where_table_can_be_said(version: str) -> None:
+    res = Result(routes=[Route("0.0.0.0/0", "198.51.100.1", table=100),
+                         Route("203.0.113.0/24", "198.51.100.1"),
+                         Route("203.0.113.0/28", "198.51.100.1", table=254)])
+    out = render(res, version)["routes"]
+    if version == "1.1.0":
+        assert out == [{"dst": "0.0.0.0/0", "gw": "198.51.100.1", "table": 100},
+                       {"dst": "203.0.113.0/24", "gw": "198.51.100.1"},
+                       {"dst": "203.0.113.0/28", "gw": "198.51.100.1", "table": 254}]
+    else:
+        assert out == [{"dst": "203.0.113.0/24", "gw": "198.51.100.1"},
+                       {"dst": "203.0.113.0/28", "gw": "198.51.100.1"}]
 
 
 def test_render_refuses_unknown_version() -> None:

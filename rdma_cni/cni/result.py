@@ -2,7 +2,9 @@
 
 The model is a superset (the 1.1.0 shape); ``render`` drops or adds what each version's JSON has:
 0.3.x/0.4.0 carry ``ips[].version``; only 1.1.0 has interface ``mtu``/``socketPath``/``pciID`` and
-route ``mtu``/``advmss``/``priority``/``table``/``scope``. ``parse`` reads any of them back, so a
+route ``mtu``/``advmss``/``priority``/``table``/``scope``. A route in a table other than main cannot be
+said before 1.1.0, and listed without its table it would read as a main-table route that is not there:
+older results leave such routes out (they are in the pod all the same). ``parse`` reads any of them back, so a
 ``prevResult`` or a delegate's answer can be converted to the version the runtime asked for.
 """
 
@@ -14,6 +16,8 @@ from typing import Any
 
 from rdma_cni.cni import version as cniver
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
+
+RT_TABLE_MAIN = 254  # what a route without ``table`` means
 
 
 @dataclass
@@ -84,8 +88,9 @@ def render(result: Result, version: str) -> dict[str, Any]:
         out["interfaces"] = [_render_interface(i, v11) for i in result.interfaces]
     if result.ips:
         out["ips"] = [_render_ip(ip, legacy) for ip in result.ips]
-    if result.routes:
-        out["routes"] = [_render_route(r, v11) for r in result.routes]
+    listed = [r for r in result.routes if v11 or r.table in (None, RT_TABLE_MAIN)]
+    if listed:
+        out["routes"] = [_render_route(r, v11) for r in listed]
     out["dns"] = _render_dns(result.dns)
     return out
 

@@ -223,23 +223,3 @@ def source_rule(family: int, ip: str, table: int, priority: int) -> Record:
         "table": table if table < 256 else 252, "action": FR_ACT_TO_TBL, "flags": 0,
         "attrs": [["FRA_TABLE", table], ["FRA_PRIORITY", priority], ["FRA_SRC", ip]],
     }
-
-
-def install(ipr: RtnlSocket, kind: str, recs: list[Record]) -> None:
-    """Add routes or rules in the pod; a failure is raised (ADD rolls back)."""
-    pending = list(recs)
-    while pending:
-        failed: list[Record] = []
-        last: Exception | None = None
-        for rec in pending:
-            try:
-                rtnl.create(ipr, kind, rec)
-            except Exception as exc:  # noqa: BLE001 - retried once the others are in, else raised
-                failed.append(rec)
-                last = exc
-        if not failed:
-            return
-        if len(failed) == len(pending):
-            assert last is not None
-            raise last
-        pending = failed

@@ -32,7 +32,7 @@ from rdma_cni.cni.errors import (
 from rdma_cni.cni.request import Request
 from rdma_cni.cni.result import Interface, IPConfig, Result, Route
 from rdma_cni.cni.result import parse as parse_result
-from rdma_cni.net import addresses, links, routes
+from rdma_cni.net import addresses, links, pod_routing, routes
 from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.net.rtnl import attr
 from rdma_cni.plugins import macvlan_rdma
@@ -96,6 +96,7 @@ class MacvlanPlugin:
         )
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
+        tx.plan_pod_routing(pod, rec)  # which table: decided before the pod is touched, recorded
         macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
         macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: _put_locked(state, rec),
@@ -448,6 +449,11 @@ def _check_bond(host: Any, pod: Any, b: BondRecord, chained: bool) -> None:
     for r in b.pod_routes:
         if routes.route_key(r) not in have:
             raise CniError(CHECK_FAILED, f"route {routes.describe_route(r)} is missing in the pod")
+    rules = pod_routing.live_rule_keys(pod, [r["family"] for r in b.pod_rules])
+    for r in b.pod_rules:
+        if pod_routing.rule_key(r) not in rules:
+            raise CniError(CHECK_FAILED, f"rule from {attr(r, 'FRA_SRC')} lookup {attr(r, 'FRA_TABLE')} "
+                           "is missing in the pod")
 
 
 def _check_prev_result(req: Request, pod: Any) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni.cni.errors import NETLINK_FAILURE, CniError
-from rdma_cni.net import addresses, links, routes, rtnl
+from rdma_cni.net import addresses, links, pod_routing, routes, rtnl
 from rdma_cni.net.announce import announce_ipv6, arm_arp_notify
 from rdma_cni.net.netns import Netns, NetnsUnavailable, netlink_in, open_netns
 from rdma_cni.net.nlsock import RtnlSocket
@@ -46,7 +46,7 @@ ADD_STEPS = (
     "addresses-added", "link-up", "routes-added", "rdma-checked", "announced", "committed",
 )
 DEL_STEPS = ("del-locked", "del-pod-cleaned", "del-host-restored")
-POD_TABLE_BASE = 100  # pod-side per-bond routing tables 100, 101, ... (several bonds only)
+POD_TABLE_BASE = 100  # pod-side per-bond routing tables: the first free ones from 100 up
 POD_RULE_PRIORITY = 100
 
 
@@ -122,7 +122,6 @@ class AddContext:
 
 def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     """Plug one bond into the pod; ``step[0]`` always names where we are (for the error message)."""
-    multi = len(ctx.rec.bonds) > 1
     moving_v6 = any(addresses.is_ipv6(a) for a in b.addresses)
     step[0] = "create macvlan"
     links.create_macvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.mode, ctx.mac if i == 0 else "")
@@ -147,7 +146,7 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     links.set_up(ctx.pod, index)
     ctx.fp.hit("link-up")
     step[0] = "add routes"
-    _pod_routing(ctx, b, i, index, multi)
+    _pod_routing(ctx, b, i, index)
     ctx.fp.hit("routes-added")
     if ctx.rdma_step is not None:
         step[0] = "RDMA"
@@ -167,23 +166,77 @@ def _add_plain_ip(pod: RtnlSocket, index: int, ip: str, plen: int) -> None:
     rtnl.create(pod, "addr", addresses.address_record(index, ip, plen))
 
 
-def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int, multi: bool) -> None:
-    table = POD_TABLE_BASE + i if multi else None
-    subnets = []
+def plan_pod_routing(pod: RtnlSocket, rec: AttachmentRecord) -> None:
+    """Write-ahead: where each bond's routes go in the pod, and the rules that select them.
+
+    Several bonds: each gets a table of its own. One bond: the pod's main table, unless a route it
+    brings (its subnets, its main-table routes, its default route) names a prefix the main table
+    already routes (another plugin's: :func:`pod_routing.main_clashes`); then it gets its own table
+    too, so that route stays and traffic from the bond's address still leaves by the bond. The
+    tables are ones nothing in the pod uses yet. Planned here, before the pod is touched, so the
+    record names the rules a crash may leave for DEL to remove.
+    """
+    movers = [(i, b) for i, b in enumerate(rec.bonds) if b.moves_addresses]
+    if len(rec.bonds) == 1 and movers:
+        clashes = pod_routing.main_clashes(pod, _main_wanted(movers[0][1]))
+        if not clashes:
+            movers = []
+        names = pod_routing.link_names(pod) if clashes else {}
+        for ours, theirs in clashes:
+            log.warning("%s: the bond's route %s would clash with %s already in the pod: the bond's "
+                        "routes go to a table of their own", rec.bonds[0].bond, pod_routing.describe(ours),
+                        pod_routing.describe(theirs, names))
+    tables = pod_routing.free_tables(pod, len(movers), POD_TABLE_BASE)
+    for (i, b), table in zip(movers, tables, strict=True):
+        b.pod_table = table
+        b.pod_rules = [routes.source_rule(a["family"], addresses.ip_of(a), table, POD_RULE_PRIORITY + i)
+                       for a in b.addresses]
+
+
+def _subnets(b: BondRecord) -> list[tuple[int, str, int, str]]:
+    out = []
     for a in b.addresses:
         net = addresses.network_of(a)
-        subnets.append((a["family"], net.split("/")[0], a["prefixlen"], addresses.ip_of(a)))
-    b.pod_routes = routes.pod_routes(b.routes, b.bond_index, index, subnets, table)
-    b.pod_rules = []
-    if table is not None:
-        for a in b.addresses:
-            b.pod_rules.append(
-                routes.source_rule(a["family"], addresses.ip_of(a), table, POD_RULE_PRIORITY + i)
-            )
-    routes.install(ctx.pod, "route", b.pod_routes)
-    routes.install(ctx.pod, "rule", b.pod_rules)
-    if i == 0:
-        routes.install(ctx.pod, "route", [routes.static_route(dst, gw, index) for dst, gw in ctx.ipam_routes])
+        out.append((a["family"], net.split("/")[0], a["prefixlen"], addresses.ip_of(a)))
+    return out
+
+
+def _main_wanted(b: BondRecord) -> list[dict[str, Any]]:
+    """What one bond would bring to the pod's main table: the subnet routes its addresses make,
+    the routes copied from its main table, and its default routes (any table)."""
+    main = routes.RT_TABLE_MAIN
+    wanted = [pod_routing.subnet_route(f, main, net, plen, src) for f, net, plen, src in _subnets(b)]
+    wanted += routes.pod_routes(b.routes, b.bond_index, 0, [], None)
+    return wanted + [r for r in b.routes if r["dst_len"] == 0]
+
+
+def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int) -> None:
+    """Install what :func:`plan_pod_routing` decided; the record keeps exactly what is in the pod."""
+    wanted = routes.pod_routes(b.routes, b.bond_index, index, _subnets(b), b.pod_table)
+    b.pod_routes = pod_routing.distinct(wanted)
+    pod_routing.install(ctx.pod, "route", b.pod_routes)
+    b.pod_rules = pod_routing.install(ctx.pod, "rule", b.pod_rules)  # an identical rule there: not ours
+    if i == 0 and ctx.ipam_routes:
+        ipam = [routes.static_route(dst, gw, index) for dst, gw in ctx.ipam_routes]
+        for ours, theirs in pod_routing.main_clashes(ctx.pod, ipam):
+            # The IPAM result lists these routes for the main table, and the result is handed on
+            # as the IPAM plugin made it: they cannot move to a table of their own.
+            names = pod_routing.link_names(ctx.pod)
+            raise pod_routing.RouteClash(pod_routing.describe(ours, names) + " (from IPAM)",
+                                         pod_routing.describe(theirs, names))
+        pod_routing.install(ctx.pod, "route", ipam)
+
+
+def delete_pod_rules(rec: AttachmentRecord, ns: Netns) -> None:
+    """The ``from <address>`` rules ADD created: unlike routes they do not go with the interface."""
+    rules = [r for b in rec.bonds for r in b.pod_rules]
+    if not rules:
+        return
+    pod = netlink_in(ns)
+    try:
+        pod_routing.remove_rules(pod, rules)
+    finally:
+        pod.close()
 
 
 def recorded_netns(rec: AttachmentRecord, netns_path: str) -> Netns | None:
@@ -249,6 +302,7 @@ def teardown(
     problems: list[str] = []
     try:
         if ns is not None:
+            delete_pod_rules(rec, ns)
             delete_pod_links(rec, ns)
         if fp:
             fp.hit("del-pod-cleaned")
