@@ -46,12 +46,13 @@ def routes_of(n: Node, pod: Pod, dev: str) -> list[dict[str, Any]]:
 
 
 def in_pod(route: dict[str, Any], live: list[dict[str, Any]]) -> bool:
-    """A result route (``dst``, ``gw``, ``table`` absent = main) matches a route in the pod."""
+    """A result route (``dst``, ``gw``, ``table`` absent = main) matches a route in the pod (no ``gw``:
+    the spec's "a default gateway is assumed", so any)."""
     dst = "default" if route["dst"] in ("0.0.0.0/0", "::/0") else route["dst"]
     table = str(route.get("table", "main"))
     for r in live:
         if r["dst"] in (dst, dst.removesuffix("/32")) and r.get("table", "main") == table \
-                and r.get("gateway", "") == route.get("gw", ""):
+                and ("gw" not in route or r.get("gateway") == route["gw"]):
             return True
     return False
 
