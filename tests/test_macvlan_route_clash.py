@@ -118,6 +118,7 @@ def test_a_prefix_the_pod_already_routes_stays_and_the_bonds_routes_get_their_ow
     assert n.snapshot() == before
 
 
+@pytest.mark.both_modes  # also as shipped: the C client answered by an rdma-agent worker
 def test_a_default_route_in_the_pod_sends_the_bonds_default_to_its_own_table(node_ns: Node) -> None:
     n = node_ns
     add_bonds(n, 1)  # bond0's default route lives in the node's table 10

@@ -7,8 +7,9 @@ it, so DEL can replay it exactly. Rules are not flushed by the kernel; they are 
 can put back any that went missing, and so CHECK and ``cni-tool state`` can show them.
 
 In the pod: the subnet routes come with the addresses. One bond: the bond's non-default main-table
-routes are copied. Several bonds: each gets its own table (subnet + all its routes, default included)
-and a ``from <ip>`` rule, so replies leave by the NIC that owns the source address.
+routes are copied. Several bonds, or one whose routes clash with routes already in the pod
+(:mod:`rdma_cni.net.pod_routing`): each gets its own table (subnet + all its routes, default
+included) and a ``from <ip>`` rule, so replies leave by the NIC that owns the source address.
 """
 
 from __future__ import annotations

@@ -7,9 +7,11 @@ ADD per bond (DESIGN.md "rdma-macvlan: behaviour"; the order is what keeps the R
     ->  arp_notify on  ->  link up (the kernel broadcasts a gratuitous ARP per IPv4)  ->  routes/rules
     ->  RDMA (GID check, record)  ->  unsolicited NA for moved IPv6 addresses
 
-Every step is undone by :func:`teardown`, which needs only the record: it deletes the pod interface
-first (if the recorded netns is still there — checked by inode), then replays the bond's addresses,
-routes and rules. DEL, GC, a failed ADD and a crashed ADD all end there.
+Where the routes go (the pod's main table or a table of the bond's own) is decided write-ahead
+(:func:`plan_pod_routing`). Every step is undone by :func:`teardown`, which needs only the record: it
+deletes the ``from`` rules ADD made and the pod interface first (if the recorded netns is still there
+— checked by inode), then replays the bond's addresses, routes and rules. DEL, GC, a failed ADD and
+a crashed ADD all end there.
 
 Test-only failpoints: ``RDMA_CNI_FAILPOINT=<step>`` (or ``<step>#<n>`` for the n-th time the step is
 reached, e.g. the second bond) makes the plugin SIGKILL itself right after that step; a ``:error``
