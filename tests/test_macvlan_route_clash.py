@@ -278,3 +278,35 @@ def test_del_after_a_kill_9_right_after_the_rules_removes_them(node_ns: Node) ->
     assert rules_from(n, pod) == {}
     assert routes_of(n, pod, "eth0") == theirs
     assert n.snapshot() == before and n.state_files() == []
+
+
+def test_an_ipv6_prefix_the_pod_already_routes_stays_and_the_bonds_gets_its_own_table(
+    node_ns: Node,
+) -> None:
+    n = node_ns
+    n.bond("bond0", "198.51.100.2/28", "2001:db8:1::2/64 nodad", peer="198.51.100.1/28")
+    n.ip("route", "add", "2001:db8:2::/64", "via", "2001:db8:1::1", "dev", "bond0")
+    before = n.snapshot()
+    pod = n.pod()
+    n.pod_exec(pod, "sysctl", "-qw", "net.ipv6.conf.default.dad_transmits=0")
+    other_plugin(n, pod)
+    n.pod_exec(pod, "ip", "addr", "add", "2001:db8:9::2/64", "dev", "eth0", "nodad")
+    n.pod_exec(pod, "ip", "route", "add", "2001:db8:2::/64", "via", "2001:db8:9::1", "dev", "eth0")
+    theirs = routes_of(n, pod, "eth0")
+    conf = n.config(masters=["bond0"], cniVersion="1.1.0")
+    res = n.plugin("ADD", conf, pod)
+    assert res.code == 0, res.stdout + res.stderr
+    assert routes_of(n, pod, "eth0") == theirs
+    assert_result_true(res.out, all_routes(n, pod))
+    route6 = {"dst": "2001:db8:2::/64", "gw": "2001:db8:1::1", "table": 100, "priority": 1024}
+    assert route6 in res.out["routes"], res.out
+    assert rules_from(n, pod) == {"198.51.100.2": "100"}
+    (rule6,) = [r for r in n.pod_json(pod, "-6", "rule") if r.get("src", "all") != "all"]
+    assert (rule6["src"], rule6["table"]) == ("2001:db8:1::2", "100")
+    assert route_get(n, pod, "2001:db8:2::5", src="2001:db8:1::2")["dev"] == "bond0"
+    assert route_get(n, pod, "2001:db8:2::5")["dev"] == "eth0"
+    assert n.plugin("CHECK", dict(conf, prevResult=res.out), pod).code == 0
+    assert n.plugin("DEL", conf, pod).code == 0
+    assert routes_of(n, pod, "eth0") == theirs
+    assert [r for r in n.pod_json(pod, "-6", "rule") if r.get("src", "all") != "all"] == []
+    assert n.snapshot() == before

@@ -139,14 +139,16 @@ def describe_route(rec: Record) -> str:
 
 
 def route_key(rec: Record) -> tuple[Any, ...]:
-    """Identity used by CHECK: family, table, destination, gateway, metric."""
+    """Identity used by CHECK: family, table, destination, gateway, metric (an IPv6 route added
+    without one is reported with the kernel's 1024)."""
+    v6_default = 1024 if rec["family"] == socket.AF_INET6 else 0
     return (
         rec["family"],
         attr(rec, "RTA_TABLE", rec["table"]),
         attr(rec, "RTA_DST"),
         rec["dst_len"],
         attr(rec, "RTA_GATEWAY"),
-        attr(rec, "RTA_PRIORITY"),
+        attr(rec, "RTA_PRIORITY") or v6_default,
     )
 
 
