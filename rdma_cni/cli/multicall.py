@@ -41,11 +41,18 @@ def _agent() -> None:
     main()
 
 
+def _device_plugin() -> None:
+    from rdma_cni.cli.device_plugin import main
+
+    main()
+
+
 COMMANDS: dict[str, Callable[[], None]] = {
     "rdma-macvlan": _macvlan,
     "rdma-multus": _multus,
     "cni-tool": _tool,
     "rdma-agent": _agent,
+    "rdma-device-plugin": _device_plugin,
 }
 
 

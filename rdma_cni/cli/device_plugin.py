@@ -1,0 +1,120 @@
+"""``rdma-device-plugin``: the kubelet device plugin for ``tke.cloud.tencent.com/tke-shared-rdma``.
+
+    rdma-device-plugin [--config FILE] [--kubelet-root-dir DIR] [--sysfs-root DIR] [--dev-root DIR]
+                       [--cni-conf FILE] [--resource-name NAME] [--log-file FILE] [--log-level LEVEL]
+                       [--device-plugin-dir DIR] [--pod-resources-dir DIR] [--rescan-interval S]
+                       [--run-dir DIR]
+
+Runs in the node's network namespace (hostNetwork) until SIGTERM/SIGINT, then removes its socket.
+Exit codes: 0 after a signal, 2 for a bad config (one sentence naming the key and the fix), 1 when
+the node cannot run it (the kernel's RDMA netns mode is not ``shared``, or the first scan failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from rdma_cni import log as logs
+from rdma_cni.deviceplugin import daemon
+from rdma_cni.deviceplugin.config import (
+    ConfigError,
+    NetnsModeError,
+    PluginConfig,
+    flag_name,
+    load_config,
+    require_shared_netns,
+)
+
+log = logging.getLogger("rdma_cni.device_plugin")
+
+# flag -> PluginConfig field: what the command line may set (None: not given, the file or default wins).
+FLAGS = {
+    "--kubelet-root-dir": "kubelet_root_dir",
+    "--device-plugin-dir": "device_plugin_dir",
+    "--pod-resources-dir": "pod_resources_dir",
+    "--sysfs-root": "sysfs_root",
+    "--dev-root": "dev_root",
+    "--cni-conf": "cni_conf",
+    "--resource-name": "resource_name",
+    "--rescan-interval": "rescan_interval_s",
+    "--run-dir": "run_dir",
+    "--log-file": "log_file",
+    "--log-level": "log_level",
+}
+NUMBERS = {"rescan_interval_s"}
+HELP = {
+    "kubelet_root_dir": "kubelet's --root-dir (the seed's KubeletRootDir; default /var/lib/kubelet)",
+    "device_plugin_dir": "kubelet's device-plugin socket dir (default <kubelet-root-dir>/device-plugins; "
+    "kubelet keeps it under /var/lib/kubelet even when its --root-dir moves)",
+    "pod_resources_dir": "PodResources socket dir (default <kubelet-root-dir>/pod-resources)",
+    "sysfs_root": "where sysfs is (default /sys)",
+    "dev_root": "where the /dev/infiniband nodes are (default /dev)",
+    "cni_conf": "the rdma-macvlan config whose masters and dataDir the plugin follows",
+    "resource_name": "extended resource to advertise (default tke.cloud.tencent.com/tke-shared-rdma)",
+    "rescan_interval_s": "seconds between sysfs rescans (port state has no event; default 0.5)",
+    "run_dir": "where status.json goes (<run-dir>/device-plugin/; default the CNI config's runDir)",
+    "log_file": "log file (logs also go to stderr)",
+    "log_level": "debug, info, warning or error",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="rdma-device-plugin", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=None, help="config file (JSON); flags win over it")
+    for flag, key in FLAGS.items():
+        aliases = [flag_name(key)] if flag_name(key) != flag else []  # --rescan-interval-s, as errors say
+        ap.add_argument(flag, *aliases, dest=key, default=None, help=HELP[key])
+    return ap.parse_args(argv)
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that were given, by config key. A number flag that reads as one becomes a float;
+    anything else stays text, so load_config's own check names the flag and the fix."""
+    out: dict[str, Any] = {}
+    for key in FLAGS.values():
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key in NUMBERS:
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        out[key] = value
+    return out
+
+
+def _fail(code: int, text: str) -> None:
+    sys.stderr.write(f"rdma-device-plugin: {text}\n")
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        cfg: PluginConfig = load_config(flags_of(args), args.config)
+    except ConfigError as e:
+        _fail(2, str(e))
+    logs.configure(cfg.log_file, cfg.log_level, stderr_level=cfg.log_level)
+    try:
+        require_shared_netns(cfg)
+    except NetnsModeError as e:
+        _fail(1, str(e))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        daemon.run(cfg, stop)
+    except Exception as e:  # the first scan: a node we cannot read at all
+        log.exception("device plugin stopped")
+        _fail(1, f"stopped: {e}")
+    log.info("stopped on signal; socket removed")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

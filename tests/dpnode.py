@@ -1,0 +1,181 @@
+"""A simulated RDMA node for the device plugin: bonds (veth) in a node netns, the simulated sysfs
+(rdma_cni.sim.node, mirroring every address move into GID tables), NUMA nodes, ``mknod`` char devices
+under a dev root, the tke-rdma-macvlan config, a test kubelet, and the real ``rdma-device-plugin``
+process started inside the node netns (so its netlink health watch sees the bonds).
+
+    with dp_node(bonds=8, numa=lambda i: i // 4) as d:
+        proc = d.start()                       # returns once kubelet has its registration
+        ep = d.endpoint()
+        t, devs = ep.wait_list(lambda devs: len(devs) == 8)
+
+Everything made here is removed on exit, also on failure; processes are stopped by their pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubelet import Endpoint, TestKubelet
+from netns import REPO, Node, node
+
+from rdma_cni.sim.node import daemon
+from rdma_cni.sim.tree import ib_dir
+
+RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
+PLUGIN = [sys.executable, "-m", "rdma_cni.cli.device_plugin"]
+RDMA_CM = (10, 58)
+
+
+def bond_cidr(i: int) -> str:
+    return f"198.51.100.{16 * i + 2}/28"
+
+
+def make_dev_nodes(sysfs_root: str, dev_root: str) -> list[str]:
+    """``mknod`` every char device the simulated sysfs names (its ``dev`` file: major:minor) under
+    ``<dev_root>/infiniband/``, plus ``rdma_cm``; this machine has no ib_uverbs to make them."""
+    made = []
+    target = os.path.join(dev_root, "infiniband")
+    os.makedirs(target, exist_ok=True)
+    nodes = {"rdma_cm": RDMA_CM}
+    for cls in ("infiniband_verbs", "infiniband_mad"):
+        base = os.path.join(sysfs_root, "class", cls)
+        for name in sorted(os.listdir(base)) if os.path.isdir(base) else ():
+            try:
+                with open(os.path.join(base, name, "dev")) as f:
+                    major, minor = f.read().strip().split(":")
+            except (OSError, ValueError):
+                continue
+            nodes[name] = (int(major), int(minor))
+    for name, (major, minor) in nodes.items():
+        path = os.path.join(target, name)
+        if not os.path.exists(path):
+            os.mknod(path, 0o600 | 0o020000, os.makedev(major, minor))
+            made.append(path)
+    return made
+
+
+def set_numa(sysfs_root: str, device: str, numa: int) -> None:
+    """``class/infiniband/<dev>/device/numa_node`` (the PCI function's node; -1 = none)."""
+    path = os.path.join(ib_dir(sysfs_root, device), "device", "numa_node")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"{numa}\n")
+
+
+@dataclass
+class DpNode:
+    n: Node
+    sysfs: str
+    dev: str
+    conf: str
+    run_dir: str
+    log: str
+    kubelet: TestKubelet
+    bonds: list[str]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def argv(self, *extra: str) -> list[str]:
+        return ["ip", "netns", "exec", self.n.name, *PLUGIN,
+                "--kubelet-root-dir", self.kubelet.root, "--sysfs-root", self.sysfs, "--dev-root", self.dev,
+                "--cni-conf", self.conf, "--run-dir", self.run_dir, "--log-file", self.log,
+                "--log-level", "debug", "--rescan-interval", "0.2", *extra]
+
+    def start(self, *extra: str, wait: bool = True,
+              previous: Endpoint | None = None) -> subprocess.Popen[bytes]:
+        """The plugin as its own process in the node netns; with ``wait``, returns once registered."""
+        with open(self.log + ".stderr", "ab") as err:
+            proc = subprocess.Popen(self.argv(*extra), stdout=subprocess.DEVNULL, stderr=err, cwd=REPO,
+                                    env=dict(os.environ, PYTHONPATH=REPO))
+        self.procs.append(proc)
+        if wait:
+            try:
+                self.kubelet.wait_endpoint(RESOURCE, newer_than=previous, timeout=30)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; plugin rc={proc.poll()}, log tail: {self.log_tail()}") from None
+        return proc
+
+    def endpoint(self) -> Endpoint:
+        return self.kubelet.wait_endpoint(RESOURCE)
+
+    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return proc.returncode
+
+    def log_text(self) -> str:
+        text = ""
+        for path in (self.log, self.log + ".stderr"):
+            if os.path.exists(path):
+                with open(path, errors="replace") as f:
+                    text += f.read()
+        return text
+
+    def log_tail(self, n: int = 3000) -> str:
+        return self.log_text()[-n:]
+
+    def status(self) -> dict[str, Any]:
+        with open(os.path.join(self.run_dir, "device-plugin", "status.json")) as f:
+            doc: dict[str, Any] = json.load(f)
+        return doc
+
+    def device(self, i: int) -> str:
+        return f"mlx5_bond_{i}"
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> float:
+    """Poll ``pred`` until true; the time it took. AssertionError naming ``what`` on timeout."""
+    start = time.monotonic()
+    while not pred():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+@contextmanager
+def dp_node(bonds: int = 2, numa: Callable[[int], int] | None = None,
+            kubelet: bool = True) -> Iterator[DpNode]:
+    """See the module doc. ``numa(i)``: the NUMA node of bond i (None: no numa_node file at all);
+    ``kubelet=False``: the test kubelet is made but not started (the test starts it)."""
+    with ExitStack() as stack:
+        n = stack.enter_context(node())
+        names = [f"bond{i}" for i in range(bonds)]
+        for i, name in enumerate(names):
+            n.bond(name, bond_cidr(i))
+        sysfs = os.path.join(n.tmp, "sys")
+        stack.enter_context(daemon(["--sysfs-root", sysfs, "--bonds", ",".join(names),
+                                    "--node-netns", f"/run/netns/{n.name}", "--layout", "mlx5",
+                                    "--pods-dir", "/run/netns", "--pods-prefix", f"h2-{n.tag}-pod-"],
+                                   timeout=120))  # 8 bonds on a loaded 2-core machine
+        if numa is not None:
+            for i in range(bonds):
+                set_numa(sysfs, f"mlx5_bond_{i}", numa(i))
+        dev = os.path.join(n.tmp, "dev")
+        make_dev_nodes(sysfs, dev)
+        conf = os.path.join(n.tmp, "tke-rdma-macvlan.conf")
+        with open(conf, "w") as f:
+            json.dump(n.config(name="tke-rdma-macvlan", masters=names), f)
+        k = TestKubelet(os.path.join(n.tmp, "kubelet"))
+        d = DpNode(n, sysfs, dev, conf, n.run_dir, os.path.join(n.tmp, "device-plugin.log"), k, names)
+        if kubelet:
+            k.start()
+        try:
+            yield d
+        finally:
+            for proc in d.procs:
+                d.stop(proc, signal.SIGKILL, 5)
+            k.stop()

@@ -1,0 +1,238 @@
+"""rdma-device-plugin against the test kubelet, over real gRPC on unix sockets: the real plugin process
+in a node netns of simulated RDMA bonds (tests/dpnode.py), kubelet's behaviour from tests/kubelet.py.
+
+Timings are printed (run with -s to see them), not asserted: scripts/bench-deviceplugin measures them.
+Bounds below are only the waits after which a test gives up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from dpnode import RESOURCE, dp_node, wait_for
+from kubelet import Dev, TestKubelet
+from netns import REPO, can_run
+
+from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
+from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    reason = can_run()
+    if reason:
+        pytest.skip(reason)
+
+
+def healthy(devs: list[Dev], dev_id: str) -> bool | None:
+    for d in devs:
+        if d.id == dev_id:
+            return d.health == "Healthy"
+    return None
+
+
+def test_registers_and_lists_every_bond_with_its_numa_node() -> None:
+    with dp_node(bonds=8, numa=lambda i: i // 4) as d:
+        d.start()
+        ep = d.endpoint()
+        assert ep.options.get_preferred_allocation_available and not ep.options.pre_start_required
+        _, devs = ep.wait_list(lambda devs: len(devs) == 8 and all(x.health == "Healthy" for x in devs))
+        assert devs == [Dev(f"mlx5_bond_{i}", "Healthy", (i // 4,)) for i in range(8)]
+        assert ep.endpoint.startswith("tke-shared-rdma-") and ep.endpoint.endswith(".sock")
+        assert d.kubelet.rejected == []
+        wait_for(lambda: d.status()["registered"], 5, "status.json saying registered")
+        status = d.status()
+        assert status["resourceName"] == RESOURCE
+        assert status["registrations"] == 1 and status["endpoint"] == ep.endpoint
+        assert [(x["id"], x["netdev"], x["numa"], x["healthy"]) for x in status["devices"]] == [
+            (f"mlx5_bond_{i}", f"bond{i}", i // 4, True) for i in range(8)]
+        # kubelet asks for 4 of 8 (admission with a choice): one answer, 4 IDs, all given out.
+        picks = ep.preferred([f"mlx5_bond_{i}" for i in range(8)], [], 4)
+        assert len(picks) == 4 and len({int(p.rsplit("_", 1)[1]) // 4 for p in picks}) == 1
+        resp = ep.allocate(["mlx5_bond_5"], ["mlx5_bond_6"])
+        assert len(resp.container_responses) == 2
+        first = resp.container_responses[0]
+        paths = {(s.container_path, s.host_path) for s in first.devices}
+        assert ("/dev/infiniband/uverbs5", "/dev/infiniband/uverbs5") in paths
+        assert first.envs["NCCL_IB_HCA"] == "=mlx5_bond_5"
+        assert wait_for(lambda: d.status()["allocations"] == 2, 5, "allocations counted") >= 0
+
+
+def test_numa_minus_one_leaves_topology_unset() -> None:
+    with dp_node(bonds=2, numa=lambda i: -1) as d:
+        d.start()
+        _, devs = d.endpoint().wait_list(lambda devs: len(devs) == 2)
+        assert [x.numa for x in devs] == [(), ()]
+
+
+def test_health_follows_link_and_address_both_ways_on_every_stream() -> None:
+    """Link down/up and address removal/return flip the device and flip it back; each change
+    reaches kubelet's stream and a second concurrent stream; the latency is printed."""
+    with dp_node(bonds=2) as d:
+        d.start()
+        ep = d.endpoint()
+        ep.wait_list(lambda devs: healthy(devs, "mlx5_bond_0") is True)
+        with grpc.insecure_channel(f"unix:{os.path.join(d.kubelet.dir, ep.endpoint)}") as ch:
+            extra = pb_grpc.DevicePluginStub(ch).ListAndWatch(pb.Empty(), timeout=120)
+            assert len(next(extra).devices) == 2
+            steps = [
+                ("link down", ("link", "set", "bond0", "down"), False),
+                ("link up", ("link", "set", "bond0", "up"), True),
+                ("address removed", ("addr", "del", "198.51.100.2/28", "dev", "bond0"), False),
+                ("address back", ("addr", "add", "198.51.100.2/28", "dev", "bond0"), True),
+            ]
+            for what, cmd, want in steps:
+                seen = len(ep.lists)
+                t0 = time.monotonic()
+                d.n.ip(*cmd)
+                t, _ = ep.wait_list(lambda devs, w=want: healthy(devs, "mlx5_bond_0") is w, 10, seen)  # type: ignore[misc]
+                print(f"\nhealth {what} -> kubelet: {(t - t0) * 1000:.0f} ms")
+                for msg in extra:  # the second stream gets the same change
+                    if (msg.devices[0].ID, msg.devices[0].health == "Healthy") == ("mlx5_bond_0", want):
+                        break
+                assert healthy(ep.latest() or [], "mlx5_bond_1") is True
+            extra.cancel()
+        # A client other than kubelet closing its stream is not a kubelet restart.
+        time.sleep(0.5)
+        assert d.kubelet.register_calls == 1 and ep.live
+        status = d.status()
+        assert [x["healthy"] for x in status["devices"]] == [True, True]
+
+
+def test_twenty_kubelet_restarts_each_re_registered_no_stream_left_behind() -> None:
+    with dp_node(bonds=2) as d:
+        d.start()
+        ep = d.endpoint()
+        ep.wait_list(lambda devs: len(devs) == 2)
+        took = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            d.kubelet.restart()
+            ep = d.kubelet.wait_endpoint(RESOURCE, newer_than=None, timeout=15)
+            took.append(ep.registered_at - t0)
+            ep.wait_list(lambda devs: len(devs) == 2 and all(x.health == "Healthy" for x in devs))
+        print(f"\nre-registration after a kubelet restart: median {statistics.median(took) * 1000:.0f} ms, "
+              f"max {max(took) * 1000:.0f} ms over {len(took)}")
+        wait_for(lambda: d.kubelet.live_streams() == 1, 5, "exactly one live ListAndWatch")
+        assert d.kubelet.rejected == []
+        # Every registration kubelet took is counted (a restart may take two: one to the kubelet going
+        # away, one to the new one), and every restart was followed by one.
+        wait_for(lambda: d.status()["registrations"] == len(d.kubelet.history), 5, "status counting them")
+        assert len(d.kubelet.history) >= 21
+        # Each start served a new socket; kubelet's cleanups removed the old ones, ours is the only one.
+        socks = sorted(f for f in os.listdir(d.kubelet.dir) if f.startswith("tke-shared-rdma-"))
+        assert socks == [ep.endpoint]
+
+
+def test_kill9_then_restart_registers_the_full_list_and_leaves_pods_alone() -> None:
+    with dp_node(bonds=2) as d:
+        pod = d.n.pod()  # a running pod holding bond1's macvlan and address
+        d.n.ip("link", "add", "link", "bond1", "name", "mvp", "netns", pod.name, "type", "macvlan")
+        d.n.pod_exec(pod, "ip", "addr", "add", "203.0.113.5/24", "dev", "mvp")
+        d.n.pod_exec(pod, "ip", "link", "set", "mvp", "up")
+        before = d.n.pod_exec(pod, "ip", "-4", "-j", "addr").stdout
+        proc = d.start()
+        first = d.endpoint()
+        first.wait_list(lambda devs: len(devs) == 2)
+        d.stop(proc, signal.SIGKILL)
+        assert os.path.exists(os.path.join(d.kubelet.dir, first.endpoint))  # kill -9 cannot clean up
+        d.start(previous=first)
+        ep = d.endpoint()
+        _, devs = ep.wait_list(lambda devs: len(devs) == 2 and all(x.health == "Healthy" for x in devs))
+        assert [x.id for x in devs] == ["mlx5_bond_0", "mlx5_bond_1"]
+        assert not os.path.exists(os.path.join(d.kubelet.dir, first.endpoint)), "stale socket left"
+        assert d.n.pod_exec(pod, "ip", "-4", "-j", "addr").stdout == before
+
+
+def test_allocate_unknown_or_malformed_is_an_answer_not_a_crash() -> None:
+    with dp_node(bonds=2) as d:
+        d.start()
+        ep = d.endpoint()
+        ep.wait_list(lambda devs: len(devs) == 2)
+        with pytest.raises(grpc.RpcError) as err:
+            ep.allocate(["mlx5_bond_0", "mlx5_bond_9"])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "mlx5_bond_9" in (err.value.details() or "")
+        try:  # a container request without IDs: refused or answered, never a crash
+            ep.allocate([])
+        except grpc.RpcError as e:
+            assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+        assert len(ep.stub.Allocate(pb.AllocateRequest(), timeout=5).container_responses) == 0
+        # GetPreferredAllocation never fails, whatever kubelet sends.
+        for available, must, size in ([], [], 3), (["x", "x"], ["y"], -5), (["mlx5_bond_0"], [], 40):
+            ep.preferred(available, must, size)
+        # Bytes that are not the message (wrong wire types) reach the server as garbage.
+        path = os.path.join(d.kubelet.dir, ep.endpoint)
+        with grpc.insecure_channel(f"unix:{path}") as ch:
+            for method in ("Allocate", "GetPreferredAllocation", "PreStartContainer"):
+                call = ch.unary_unary(f"/v1beta1.DevicePlugin/{method}")
+                with pytest.raises(grpc.RpcError) as bad:
+                    call(b"\x0a\xff\xff\xff\xff\x0f\x01", timeout=5)
+                assert bad.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+            pre = pb_grpc.DevicePluginStub(ch).PreStartContainer(
+                pb.PreStartContainerRequest(devices_ids=["mlx5_bond_0"]), timeout=5)
+            assert pre == pb.PreStartContainerResponse()
+        resp = ep.allocate(["mlx5_bond_1"])  # still serving, still registered once
+        assert resp.container_responses[0].envs["NCCL_IB_HCA"] == "=mlx5_bond_1"
+        assert d.kubelet.register_calls == 1 and d.procs[0].poll() is None
+
+
+def test_waits_for_an_absent_kubelet_logging_once_then_registers() -> None:
+    with dp_node(bonds=2, kubelet=False) as d:
+        os.makedirs(d.kubelet.dir)
+        proc = d.start(wait=False)
+        wait_for(lambda: "no kubelet at" in d.log_text(), 20, "the plugin saying kubelet is absent")
+        time.sleep(1.5)  # ~15 polls
+        d.kubelet.start()
+        ep = d.endpoint()
+        ep.wait_list(lambda devs: len(devs) == 2)
+        with open(d.log) as f:
+            assert f.read().count("no kubelet at") == 1, d.log_tail()
+        assert proc.poll() is None
+
+
+def test_sigterm_removes_the_own_socket() -> None:
+    with dp_node(bonds=2) as d:
+        proc = d.start()
+        ep = d.endpoint()
+        path = os.path.join(d.kubelet.dir, ep.endpoint)
+        assert os.path.exists(path)
+        assert d.stop(proc) == 0
+        assert not os.path.exists(path)
+        assert d.status()["registered"] is False
+        wait_for(lambda: not ep.live, 5, "kubelet's stream ended")
+
+
+def _run_plugin(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rdma_cni.cli.device_plugin", *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def test_bad_flag_is_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    out = _run_plugin("--rescan-interval", "soon", "--cni-conf", "/nonexistent/x.conf")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--rescan-interval" in lines[0] and "soon" in lines[0], out.stderr
+
+
+def test_exclusive_rdma_netns_mode_refuses_to_start(tmp_path: Path) -> None:
+    from rdma_cni.sim.tree import SimBond, build_tree
+
+    root = os.path.join(str(tmp_path), "sys")
+    build_tree(root, [SimBond("bond0", "mlx5_bond_0")], gid_slots=8, netns_mode="exclusive")
+    k = TestKubelet(os.path.join(str(tmp_path), "kubelet"))
+    out = _run_plugin("--sysfs-root", root, "--kubelet-root-dir", k.root, "--cni-conf", "/nonexistent/x.conf",
+                      "--log-file", "")
+    assert out.returncode == 1
+    assert "shared" in out.stderr and "exclusive" in out.stderr, out.stderr
+    assert not os.path.exists(k.dir) or os.listdir(k.dir) == []
