@@ -269,7 +269,7 @@ def test_agent_is_privileged_on_the_nodes_network_and_pids() -> None:
     assert agent["securityContext"] == {"privileged": True}  # setns(2) needs CAP_SYS_ADMIN
     assert pod["hostNetwork"] is True
     assert pod["hostPID"] is True  # workers use the node's /proc after joining its mount namespace
-    assert {c["name"] for c in pod["containers"]} == {"rdma-agent", "refresh"}
+    assert {c["name"] for c in pod["containers"]} == {"rdma-agent", "refresh", "rdma-device-plugin"}
     # The agent runs what the init container installed: it must come after it, never instead.
     assert [c["name"] for c in pod["initContainers"]] == ["install"]
 
@@ -288,3 +288,49 @@ def test_schema_check_catches_a_bad_agent_container() -> None:
         bad = copy.deepcopy(ds)
         mutate(bad)
         assert schema_problems(bad), bad
+
+
+def _expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """kubelet's $(VAR) expansion of container args."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
+
+
+def test_device_plugin_runs_in_its_own_container_with_directory_mounts() -> None:
+    from rdma_cni.cli.device_plugin import flags_of, parse_args
+    from rdma_cni.deviceplugin.config import PluginConfig
+    from rdma_cni.deviceplugin.status import status_path
+
+    ds = _daemonset()
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    dp = _container(ds, "rdma-device-plugin")
+    # Not in rdma-agent's process (gRPC threads and forked workers do not mix): its own command.
+    assert dp["command"] == ["/opt/rdma-cni/bundle/rdma-device-plugin"]
+    assert "rdma-device-plugin" not in " ".join(_container(ds, "rdma-agent")["command"])
+    env = {e["name"]: e["value"] for e in dp["env"]}
+    assert env["KUBELET_ROOT_DIR"] == "/var/lib/kubelet"
+    flags = flags_of(parse_args(_expand(dp["args"], env)))  # argparse exits on a flag it does not have
+    # The config it would run with (the node's rdma-macvlan config is not here: its defaults).
+    cfg = PluginConfig(**{k: v for k, v in flags.items() if k not in ("log_file", "log_level")})
+    mounts = _host_mounts(ds, dp)
+    # kubelet's socket directories are mounted as directories at their node paths, never socket files.
+    assert cfg.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert cfg.pod_resources_dir == env["KUBELET_ROOT_DIR"] + "/pod-resources"
+    for path in (cfg.device_plugin_dir, cfg.pod_resources_dir):
+        assert mounts[path]["hostPath"] == path and not path.endswith(".sock")
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+    assert volumes["device-plugins"]["type"] == volumes["pod-resources"]["type"] == "DirectoryOrCreate"
+    assert _under(cfg.device_plugin_dir + "/x.sock", mounts, writable=True) == cfg.device_plugin_dir
+    # What it reads and writes (defaults of the shipped rdma-macvlan config: dataDir, runDir).
+    conf = json.loads((REPO / "conf/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf").read_text())
+    assert flags["cni_conf"] == "/etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf"
+    assert _under(flags["cni_conf"], mounts) == "/etc/cni/net.d"
+    run_dir = conf.get("runDir", cfg.run_dir)
+    assert _under(status_path(run_dir), mounts, writable=True) == "/run/rdma-cni"
+    assert _under(conf.get("dataDir", cfg.data_dir) + "/attachments", mounts) is not None
+    assert _under(cfg.sysfs_root, mounts) == "/sys" and mounts["/sys"]["hostPath"] == "/sys"
+    # Device specs name host paths = container paths under /dev: the node's /dev must be there.
+    assert cfg.dev_root == "/dev" and mounts["/dev"]["hostPath"] == "/dev"
+    assert flags["log_file"] == ""  # stderr: kubectl logs; the root filesystem is read-only
+    assert dp["securityContext"]["readOnlyRootFilesystem"] is True
+    assert dp["securityContext"]["privileged"] is False

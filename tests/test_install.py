@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -670,3 +671,42 @@ def test_build_without_client_links_the_plugins_to_the_bundle(tmp_path: Path) ->
         assert os.readlink(bundle / name) == "rdma-cni", name
     version = _version(bundle, "rdma-macvlan", bare_env(tmp_path, CNI_COMMAND="VERSION"))
     assert version.returncode == 0 and "supportedVersions" in version.stdout, version.stderr
+
+
+def test_bundled_device_plugin_registers_with_a_kubelet_without_python(bundle: Path, tmp_path: Path) -> None:
+    """rdma-device-plugin of the bundle (grpcio, protobuf and the generated stubs frozen in) serves,
+    registers with the test kubelet over real gRPC, lists its device and removes its socket on
+    SIGTERM. It runs in this netns, where no bond0 exists: the device is listed Unhealthy."""
+    import signal
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from kubelet import TestKubelet
+
+    from rdma_cni.sim.tree import SimBond, build_tree
+
+    assert os.readlink(bundle / "rdma-device-plugin") == "rdma-cni"
+    sysfs = build_tree(str(tmp_path / "sys"), [SimBond("bond0", "mlx5_bond_0")], gid_slots=8)
+    (tmp_path / "dev").mkdir()
+    conf = tmp_path / "tke-rdma-macvlan.conf"
+    conf.write_text(json.dumps({"cniVersion": "1.0.0", "name": "tke-rdma-macvlan", "type": "rdma-macvlan",
+                                "masters": ["bond0"], "dataDir": str(tmp_path / "state")}))
+    short = Path(tempfile.mkdtemp(prefix="h11g-"))  # unix socket paths: at most 107 bytes
+    with TestKubelet(short / "kubelet") as kubelet, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, short, True)
+        proc = subprocess.Popen(
+            [str(bundle / "rdma-device-plugin"), "--kubelet-root-dir", kubelet.root, "--sysfs-root", sysfs,
+             "--dev-root", str(tmp_path / "dev"), "--cni-conf", str(conf), "--run-dir", str(tmp_path / "run"),
+             "--log-file", ""],
+            env=bare_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            ep = kubelet.wait_endpoint("tke.cloud.tencent.com/tke-shared-rdma", timeout=60)
+            _, devs = ep.wait_list(lambda devs: len(devs) == 1)
+            assert devs[0].id == "mlx5_bond_0" and devs[0].health == "Unhealthy"
+            assert os.path.exists(os.path.join(kubelet.dir, ep.endpoint))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert out == b""  # logs go to stderr, never stdout
+        assert not os.path.exists(os.path.join(kubelet.dir, ep.endpoint))
