@@ -1,7 +1,7 @@
 """A simulated RDMA node for the device plugin: bonds (veth) in a node netns, the simulated sysfs
-(rdma_cni.sim.node, mirroring every address move into GID tables), NUMA nodes, ``mknod`` char devices
-under a dev root, the tke-rdma-macvlan config, a test kubelet, and the real ``rdma-device-plugin``
-process started inside the node netns (so its netlink health watch sees the bonds).
+(rdma_cni.sim.node, mirroring every address move into GID tables, with NUMA nodes, the mad class and
+``mknod`` char devices under a dev root), the tke-rdma-macvlan config, a test kubelet, and the real
+``rdma-device-plugin`` process started inside the node netns (so its netlink health watch sees the bonds).
 
     with dp_node(bonds=8, numa=lambda i: i // 4) as d:
         proc = d.start()                       # returns once kubelet has its registration
@@ -28,47 +28,13 @@ from kubelet import Endpoint, TestKubelet
 from netns import REPO, Node, node
 
 from rdma_cni.sim.node import daemon
-from rdma_cni.sim.tree import ib_dir
 
 RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 PLUGIN = [sys.executable, "-m", "rdma_cni.cli.device_plugin"]
-RDMA_CM = (10, 58)
 
 
 def bond_cidr(i: int) -> str:
     return f"198.51.100.{16 * i + 2}/28"
-
-
-def make_dev_nodes(sysfs_root: str, dev_root: str) -> list[str]:
-    """``mknod`` every char device the simulated sysfs names (its ``dev`` file: major:minor) under
-    ``<dev_root>/infiniband/``, plus ``rdma_cm``; this machine has no ib_uverbs to make them."""
-    made = []
-    target = os.path.join(dev_root, "infiniband")
-    os.makedirs(target, exist_ok=True)
-    nodes = {"rdma_cm": RDMA_CM}
-    for cls in ("infiniband_verbs", "infiniband_mad"):
-        base = os.path.join(sysfs_root, "class", cls)
-        for name in sorted(os.listdir(base)) if os.path.isdir(base) else ():
-            try:
-                with open(os.path.join(base, name, "dev")) as f:
-                    major, minor = f.read().strip().split(":")
-            except (OSError, ValueError):
-                continue
-            nodes[name] = (int(major), int(minor))
-    for name, (major, minor) in nodes.items():
-        path = os.path.join(target, name)
-        if not os.path.exists(path):
-            os.mknod(path, 0o600 | 0o020000, os.makedev(major, minor))
-            made.append(path)
-    return made
-
-
-def set_numa(sysfs_root: str, device: str, numa: int) -> None:
-    """``class/infiniband/<dev>/device/numa_node`` (the PCI function's node; -1 = none)."""
-    path = os.path.join(ib_dir(sysfs_root, device), "device", "numa_node")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(f"{numa}\n")
 
 
 @dataclass
@@ -156,16 +122,13 @@ def dp_node(bonds: int = 2, numa: Callable[[int], int] | None = None,
         names = [f"bond{i}" for i in range(bonds)]
         for i, name in enumerate(names):
             n.bond(name, bond_cidr(i))
-        sysfs = os.path.join(n.tmp, "sys")
+        sysfs, dev = os.path.join(n.tmp, "sys"), os.path.join(n.tmp, "dev")
+        numa_arg = ["--numa=" + ",".join(str(numa(i)) for i in range(bonds))] if numa is not None else []
         stack.enter_context(daemon(["--sysfs-root", sysfs, "--bonds", ",".join(names),
                                     "--node-netns", f"/run/netns/{n.name}", "--layout", "mlx5",
-                                    "--pods-dir", "/run/netns", "--pods-prefix", f"h2-{n.tag}-pod-"],
+                                    "--pods-dir", "/run/netns", "--pods-prefix", f"h2-{n.tag}-pod-",
+                                    *numa_arg, "--mad", "--rdma-cm", "--dev-root", dev],
                                    timeout=120))  # 8 bonds on a loaded 2-core machine
-        if numa is not None:
-            for i in range(bonds):
-                set_numa(sysfs, f"mlx5_bond_{i}", numa(i))
-        dev = os.path.join(n.tmp, "dev")
-        make_dev_nodes(sysfs, dev)
         conf = os.path.join(n.tmp, "tke-rdma-macvlan.conf")
         with open(conf, "w") as f:
             json.dump(n.config(name="tke-rdma-macvlan", masters=names), f)

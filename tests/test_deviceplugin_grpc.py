@@ -63,7 +63,7 @@ def test_registers_and_lists_every_bond_with_its_numa_node() -> None:
         assert len(resp.container_responses) == 2
         first = resp.container_responses[0]
         paths = {(s.container_path, s.host_path) for s in first.devices}
-        assert ("/dev/infiniband/uverbs5", "/dev/infiniband/uverbs5") in paths
+        assert ("/dev/infiniband/uverbs5", os.path.join(d.dev, "infiniband", "uverbs5")) in paths
         assert first.envs["NCCL_IB_HCA"] == "=mlx5_bond_5"
         assert wait_for(lambda: d.status()["allocations"] == 2, 5, "allocations counted") >= 0
 
@@ -125,10 +125,13 @@ def test_twenty_kubelet_restarts_each_re_registered_no_stream_left_behind() -> N
               f"max {max(took) * 1000:.0f} ms over {len(took)}")
         wait_for(lambda: d.kubelet.live_streams() == 1, 5, "exactly one live ListAndWatch")
         assert d.kubelet.rejected == []
-        # Every registration kubelet took is counted (a restart may take two: one to the kubelet going
-        # away, one to the new one), and every restart was followed by one.
-        wait_for(lambda: d.status()["registrations"] == len(d.kubelet.history), 5, "status counting them")
-        assert len(d.kubelet.history) >= 21
+        # The status file names the live registration. Its count is what the plugin saw accepted: a
+        # kubelet stopped right after accepting may never deliver the answer, so kubelet's can be higher.
+        wait_for(lambda: d.status()["registered"] and d.status()["endpoint"] == ep.endpoint, 5,
+                 "status.json naming the current endpoint")
+        with open(d.log) as f:
+            accepted = f.read().count(f"registered {RESOURCE} as ")
+        assert d.status()["registrations"] == accepted <= len(d.kubelet.history)
         # Each start served a new socket; kubelet's cleanups removed the old ones, ours is the only one.
         socks = sorted(f for f in os.listdir(d.kubelet.dir) if f.startswith("tke-shared-rdma-"))
         assert socks == [ep.endpoint]
