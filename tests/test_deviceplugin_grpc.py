@@ -129,9 +129,13 @@ def test_twenty_kubelet_restarts_each_re_registered_no_stream_left_behind() -> N
         # kubelet stopped right after accepting may never deliver the answer, so kubelet's can be higher.
         wait_for(lambda: d.status()["registered"] and d.status()["endpoint"] == ep.endpoint, 5,
                  "status.json naming the current endpoint")
-        with open(d.log) as f:
-            accepted = f.read().count(f"registered {RESOURCE} as ")
-        assert d.status()["registrations"] == accepted <= len(d.kubelet.history)
+
+        def accepted() -> int:
+            with open(d.log) as f:
+                return f.read().count(f"registered {RESOURCE} as ")
+
+        wait_for(lambda: d.status()["registrations"] == accepted(), 5, "one log line per registration")
+        assert accepted() <= len(d.kubelet.history)
         # Each start served a new socket; kubelet's cleanups removed the old ones, ours is the only one.
         socks = sorted(f for f in os.listdir(d.kubelet.dir) if f.startswith("tke-shared-rdma-"))
         assert socks == [ep.endpoint]
