@@ -38,7 +38,9 @@ from rdma_cni.net.rtnl import Record, attr
 
 log = logging.getLogger("rdma_cni.routes")
 
+RT_TABLE_COMPAT = 252  # in a header: the real table (> 255) is in the RTA_TABLE / FRA_TABLE attribute
 RT_TABLE_DEFAULT = 253
+_NLMSGHDR_LEN = 16
 _RESERVED_TABLES = frozenset({0, RT_TABLE_DEFAULT, RT_TABLE_MAIN, RT_TABLE_LOCAL})
 _IP6_RT_PRIO_USER = 1024  # the metric the kernel gives an IPv6 route added without one
 
@@ -98,7 +100,7 @@ def link_names(ipr: RtnlSocket) -> dict[int, str]:
 
 
 def table_routes(ipr: RtnlSocket, family: int, table: int) -> list[Record]:
-    header = table if table < 256 else 252  # RT_TABLE_COMPAT: the real number is in RTA_TABLE
+    header = table if table < 256 else RT_TABLE_COMPAT
     recs = [rtnl.record("route", m) for m in ipr.route_dump(family, lambda t, _p: t == header)]
     return [r for r in recs if table_of(r) == table]
 
@@ -126,11 +128,20 @@ def main_clashes(ipr: RtnlSocket, wanted: Iterable[Record]) -> list[tuple[Record
 
 def free_tables(ipr: RtnlSocket, count: int, base: int) -> list[int]:
     """``count`` routing tables from ``base`` up that no route and no rule in the netns uses yet
-    (another plugin's per-interface tables, e.g. the reference ``sbr`` plugin's, start at 100 too)."""
+    (another plugin's per-interface tables, e.g. the reference ``sbr`` plugin's, start at 100 too).
+
+    The table is read from each message's header, undecoded; only a table above 255 (the header
+    then says RT_TABLE_COMPAT) needs its attributes decoded.
+    """
     used = set(_RESERVED_TABLES)
+
+    def seen(table: int) -> bool:
+        used.add(table)
+        return table == RT_TABLE_COMPAT
+
     for family in (socket.AF_INET, socket.AF_INET6):
-        used.update(table_of(rtnl.record("route", m)) for m in ipr.route_dump(family))
-        for m in ipr.rule_dump(family):
+        used.update(table_of(rtnl.record("route", m)) for m in ipr.route_dump(family, lambda t, _p: seen(t)))
+        for m in ipr.rule_dump(family, lambda raw: seen(raw[_NLMSGHDR_LEN + 4])):
             rec = rtnl.record("rule", m)
             used.add(int(attr(rec, "FRA_TABLE", rec["table"])))
     out: list[int] = []

@@ -205,11 +205,11 @@ def _subnets(b: BondRecord) -> list[tuple[int, str, int, str]]:
 
 def _main_wanted(b: BondRecord) -> list[dict[str, Any]]:
     """What one bond would bring to the pod's main table: the subnet routes its addresses make,
-    the routes copied from its main table, and its default routes (any table)."""
+    the routes copied from its main table, and its default routes through it (any table)."""
     main = routes.RT_TABLE_MAIN
     wanted = [pod_routing.subnet_route(f, main, net, plen, src) for f, net, plen, src in _subnets(b)]
     wanted += routes.pod_routes(b.routes, b.bond_index, 0, [], None)
-    return wanted + [r for r in b.routes if r["dst_len"] == 0]
+    return wanted + [r for r in b.routes if r["dst_len"] == 0 and attr(r, "RTA_OIF") == b.bond_index]
 
 
 def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int) -> None:
