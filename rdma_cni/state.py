@@ -44,18 +44,26 @@ Public API (read by ``cni-tool state`` and doctor as well as the plugin)::
     st.attachments()  -> list[AttachmentRecord]
     st.pins()         -> dict[bond name, Attachment]
     st.unreadable()   -> list[str] paths of files that failed to load
+    st.note_skipped(SkippedRestore(...)); st.skipped_restores(); st.clear_skipped(bond)
+
+A re-addressed bond (:func:`address_drift`): when a bond is given back while it holds a global
+address its record does not (the node's network config or an operator re-addressed it while a pod
+held the old ones), the bond's present configuration is the truth and the record's addresses,
+routes and rules are not put back. That decision is noted in ``skipped/<bond>.json`` (what the
+record held, what the bond holds) for ``cni-tool state`` and doctor, until the next ADD of the bond.
 """
 
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import json
 import logging
 import os
 import time
 import urllib.parse
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +82,7 @@ LOCK_FILE = "lock"
 CLAIMS_DIR = "claims"
 CLAIM_BUCKETS = 256
 COMMIT_SUFFIX = ".added"
+SKIPPED_DIR = "skipped"
 
 
 @dataclass
@@ -136,6 +145,97 @@ class AttachmentRecord:
         if rec.phase not in (PHASE_ADDING, PHASE_ADDED):
             raise ValueError(f"unknown phase {rec.phase!r}")
         return rec
+
+
+def recorded_cidrs(b: BondRecord) -> list[str]:
+    """The bond's recorded addresses as ``ip/prefixlen`` text, in the record's (add) order."""
+    out = []
+    for a in b.addresses:
+        ip = next((v for k, v in a.get("attrs", ()) if k == "IFA_ADDRESS"), None)
+        if ip is not None:
+            out.append(f"{ip}/{a.get('prefixlen')}")
+    return out
+
+
+def _canonical(cidr: str) -> str:
+    try:
+        return str(ipaddress.ip_interface(cidr))
+    except ValueError:
+        return cidr
+
+
+@dataclass(frozen=True)
+class AddressDrift:
+    """A bond's recorded addresses against the global ones it holds now (CIDR text, canonical).
+
+    ``readdressed``: the bond holds an address its record does not — it was re-addressed while a
+    pod held the recorded ones, so giving those back could duplicate an IP that is now another
+    node's. A bond holding nothing, or only recorded addresses (a crash mid-ADD, the same address
+    given back at boot), is not re-addressed: the record is restored as usual.
+    """
+
+    recorded: tuple[str, ...]
+    current: tuple[str, ...]
+
+    @property
+    def foreign(self) -> tuple[str, ...]:
+        """What the bond holds that the record does not."""
+        mine = set(self.recorded)
+        return tuple(c for c in self.current if c not in mine)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """What the record holds that the bond does not (what a restore would add back)."""
+        have = set(self.current)
+        return tuple(c for c in self.recorded if c not in have)
+
+    @property
+    def readdressed(self) -> bool:
+        return bool(self.foreign)
+
+
+def address_drift(recorded: Iterable[str], current: Iterable[str]) -> AddressDrift:
+    """Pure: compare a record's addresses with a bond's present ones (``ip/prefixlen`` strings).
+
+    ``current`` should be the bond's global addresses (every IPv4, IPv6 other than kernel-made
+    link-local/SLAAC ones); IPv6 link-locals are ignored here anyway, since every up link has one.
+    """
+    cur = []
+    for c in current:
+        text = _canonical(c)
+        try:
+            if ipaddress.ip_interface(text).is_link_local and ":" in text:
+                continue
+        except ValueError:
+            pass
+        cur.append(text)
+    return AddressDrift(tuple(_canonical(c) for c in recorded), tuple(dict.fromkeys(cur)))
+
+
+def bond_drift(b: BondRecord, current: Iterable[str]) -> AddressDrift:
+    """:func:`address_drift` of one recorded bond."""
+    return address_drift(recorded_cidrs(b), current)
+
+
+@dataclass
+class SkippedRestore:
+    """A give-back that left the record's addresses out because the bond was re-addressed."""
+
+    bond: str
+    container_id: str
+    ifname: str
+    recorded: list[str]
+    current: list[str]
+    routes: int = 0
+    rules: int = 0
+    time: float = field(default_factory=time.time)
+
+    def describe(self) -> str:
+        return (
+            f"{self.bond} was re-addressed while container {self.container_id[:12]} ({self.ifname}) "
+            f"held {', '.join(self.recorded) or 'nothing'}: it holds {', '.join(self.current)} now, "
+            f"so the record's addresses, {self.routes} route(s) and {self.rules} rule(s) were not put back"
+        )
 
 
 def _stamp(st: os.stat_result) -> list[int]:
@@ -281,6 +381,39 @@ class NodeState:
     def unreadable(self) -> list[str]:
         """Files the last :meth:`attachments` call could not use (for cni-tool state / doctor)."""
         return list(self._unreadable)
+
+    # ------------------------------------------------------------ skipped restores (re-addressed bonds)
+    def _skipped_path(self, bond: str) -> str:
+        validate_ifname(bond)
+        return os.path.join(self.data_dir, SKIPPED_DIR, f"{urllib.parse.quote(bond, safe='')}.json")
+
+    def note_skipped(self, note: SkippedRestore) -> None:
+        """Remember (atomically, unsynced: advisory) that a bond's restore was skipped."""
+        self.ensure()
+        durable.ensure_dir(os.path.join(self.data_dir, SKIPPED_DIR))
+        durable.atomic_write_json(self._skipped_path(note.bond), dict(vars(note)), sync=False)
+
+    def clear_skipped(self, bond: str) -> None:
+        """The bond was handed out again: its old skipped restore is history."""
+        try:
+            os.unlink(self._skipped_path(bond))
+        except FileNotFoundError:
+            pass
+
+    def skipped_restores(self) -> list[SkippedRestore]:
+        d = os.path.join(self.data_dir, SKIPPED_DIR)
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith(".tmp-"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            try:
+                with open(os.path.join(d, name), "rb") as f:
+                    out.append(SkippedRestore(**json.loads(f.read())))
+            except (OSError, ValueError, TypeError) as exc:
+                log.warning("skipped-restore note %s/%s unreadable: %s", d, name, exc)
+        return out
 
     def _committed(self, path: str, stamp: list[int]) -> AttachmentRecord | None:
         """The committed record beside ``path`` if it is whole and of this write-ahead record."""

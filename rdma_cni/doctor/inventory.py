@@ -16,7 +16,7 @@ from typing import Any
 
 from rdma_cni.doctor.deviceplugin import ABSENT, DevicePluginView
 from rdma_cni.doctor.node import NodeSnapshot
-from rdma_cni.state import AttachmentRecord
+from rdma_cni.state import AttachmentRecord, bond_drift
 
 
 def pod_names(results_dirs: tuple[str, ...], container_id: str) -> str:
@@ -68,9 +68,15 @@ def _missing(snap: NodeSnapshot) -> list[dict[str, Any]]:
         for b in rec.bonds:
             live = set(snap.host_addrs.get(b.bond, []))
             lost = [c for c in _addresses(rec, b.bond) if c not in live]
-            if lost:
+            if not lost:
+                continue
+            drift = bond_drift(b, snap.host_addrs.get(b.bond, []) + snap.host_ipv6.get(b.bond, []))
+            if drift.readdressed:
+                why = (f"pinned to container {rec.container_id} whose netns is gone, but the bond was "
+                       f"re-addressed ({', '.join(drift.current)}): `cni-tool gc` keeps it, drops the record")
+            else:
                 why = f"pinned to container {rec.container_id} whose netns is gone; `cni-tool gc` restores it"
-                out.append({"bond": b.bond, "addresses": lost, "reason": why})
+            out.append({"bond": b.bond, "addresses": lost, "reason": why})
     pinned = {b.bond for rec in snap.attachments for b in rec.bonds}
     for netdev in sorted({p.netdev for p in snap.ports if p.netdev}):
         if netdev in pinned or netdev not in snap.host_addrs:
@@ -126,6 +132,11 @@ def inventory(snap: NodeSnapshot) -> dict[str, Any]:
         "unreadableState": snap.unreadable_state,
         "kubelet": _kubelet_source(view),
         "allocationFailures": [a.detail for a in allocs.values() if a.verdict == "FAIL"],
+        "skippedRestores": [
+            {"bond": n.bond, "containerId": n.container_id, "ifname": n.ifname, "recorded": n.recorded,
+             "current": n.current, "routes": n.routes, "rules": n.rules, "time": n.time}
+            for n in snap.skipped
+        ],
     }
 
 
@@ -180,6 +191,12 @@ def render_inventory(inv: dict[str, Any]) -> str:
         lines.append("the host is missing nothing")
     for m in inv["missing"]:
         lines.append(f"MISSING {m['bond']}: {', '.join(m['addresses']) or '?'} ({m['reason']})")
+    for note in inv.get("skippedRestores", []):
+        lines.append(
+            f"WARN {note['bond']} re-addressed: restore skipped; container {note['containerId']} "
+            f"({note['ifname']}) held {', '.join(note['recorded'])}, the bond holds "
+            f"{', '.join(note['current'])} now (kept; cleared by the next ADD on it)"
+        )
     for path in inv["unreadableState"]:
         lines.append(f"UNREADABLE state file {path}: DEL cannot restore from it; inspect it by hand")
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rdma_cni.cni.errors import CniError
 from rdma_cni.rdma import records, sysfs
 from rdma_cni.rdma.sysfs import GidEntry, RdmaPort
-from rdma_cni.state import AttachmentRecord, NodeState
+from rdma_cni.state import AttachmentRecord, NodeState, SkippedRestore
 
 if TYPE_CHECKING:
     from rdma_cni.doctor.deviceplugin import DevicePluginView
@@ -59,6 +59,8 @@ class NodeSnapshot:
     unreadable_state: list[str]
     netns_alive: dict[str, bool]  # container ID -> its recorded netns still exists with its inode
     host_record: dict[str, Any] = field(default_factory=dict)
+    host_ipv6: dict[str, list[str]] = field(default_factory=dict)  # netdev -> global IPv6 CIDRs
+    skipped: list[SkippedRestore] = field(default_factory=list)  # restores left out: re-addressed bonds
     errors: list[str] = field(default_factory=list)  # what could not be read, for the checks to report
     device_plugin: DevicePluginView | None = None  # the plugin's status file and kubelet's PodResources
 
@@ -88,7 +90,8 @@ def observe(paths: NodePaths) -> NodeSnapshot:
     ports = sysfs.list_ports(paths.sysfs_root)
     gids = {(p.device, p.port): sysfs.read_gids(paths.sysfs_root, p.device, p.port) for p in ports}
     netdevs = sorted({p.netdev for p in ports if p.netdev})
-    host_addrs = _host_addresses(paths.netns, netdevs, errors)
+    host_ipv6: dict[str, list[str]] = {}
+    host_addrs = _host_addresses(paths.netns, netdevs, errors, host_ipv6)
     state = NodeState(data_dir)
     attachments = state.attachments()
     return NodeSnapshot(
@@ -102,6 +105,8 @@ def observe(paths: NodePaths) -> NodeSnapshot:
         unreadable_state=state.unreadable(),
         netns_alive={a.container_id: _netns_alive(a) for a in attachments},
         host_record=records.read_host_record(run_dir),
+        host_ipv6=host_ipv6,
+        skipped=state.skipped_restores(),
         errors=errors,
         device_plugin=observe_device_plugin(
             paths.pod_resources(), run_dir, _resource(paths) or DEFAULT_RESOURCE, paths.kubelet_timeout
@@ -115,8 +120,11 @@ def _resource(paths: NodePaths) -> str:
     return name if isinstance(name, str) else ""
 
 
-def _host_addresses(netns: str, netdevs: list[str], errors: list[str]) -> dict[str, list[str]]:
-    """IPv4 CIDRs of each netdev in the node netns (rtnetlink); a missing link is left out."""
+def _host_addresses(
+    netns: str, netdevs: list[str], errors: list[str], ipv6: dict[str, list[str]] | None = None
+) -> dict[str, list[str]]:
+    """IPv4 CIDRs of each netdev in the node netns (rtnetlink); a missing link is left out.
+    ``ipv6`` gets each netdev's movable (global, not kernel-made) IPv6 CIDRs."""
     from rdma_cni.net import addresses, links
     from rdma_cni.net.netns import netlink_in, open_netns
 
@@ -133,6 +141,9 @@ def _host_addresses(netns: str, netdevs: list[str], errors: list[str]) -> dict[s
                 link = links.get_link(ipr, name)
                 if link is not None:
                     out[name] = [c for c in addresses.live_cidrs(ipr, link.index) if ":" not in c]
+                    if ipv6 is not None:
+                        ipv6[name] = [addresses.cidr(a) for a in addresses.snapshot(ipr, link.index)
+                                      if addresses.is_ipv6(a)]
         finally:
             ipr.close()
     finally:

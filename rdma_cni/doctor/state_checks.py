@@ -1,5 +1,6 @@
 """Is the plugin's state consistent with the node: every pin held by a live pod netns, every state
-file readable, no GID record left behind by a pod that is gone.
+file readable, no GID record left behind by a pod that is gone, and any give-back that left a
+re-addressed bond's old addresses out (WARN).
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def check_state(snap: NodeSnapshot) -> list[Finding]:
         else:
             out.append(Finding("state", OK, f"{who} holds {bonds}"))
     out += _stale_gid_records(snap)
+    for note in snap.skipped:
+        out.append(
+            Finding(
+                "state",
+                WARN,
+                f"restore skipped: {note.describe()}",
+                "the present addresses were kept (the node's config re-addressed the bond); make sure no "
+                f"pod or node still expects {', '.join(note.recorded)} (cleared by the next ADD of it)",
+            )
+        )
     if not out:
         out.append(Finding("state", OK, f"nothing pinned ({snap.data_dir})"))
     return out

@@ -6,8 +6,9 @@ checks, announcements -> commit (node lock again, briefly) -> result (locking: :
 A failure anywhere undoes every bond of the attachment (:func:`macvlan_tx.teardown`), naming the
 step and the bond.
 DEL (under the attachment's claim only): record -> pod interfaces deleted (if that netns is still
-the recorded one) -> the bond's addresses, routes and rules replayed -> record removed. Works
-without the pod netns, without state, and twice. GC: DEL for every recorded attachment the runtime
+the recorded one) -> the bond's addresses, routes and rules replayed (not when the bond was
+re-addressed meanwhile: its present configuration wins, noted for state/doctor) -> record removed.
+Works without the pod netns, without state, and twice. GC: DEL for every recorded attachment the runtime
 no longer lists. STATUS: could an ADD succeed now. See :mod:`rdma_cni.plugins.macvlan_tx` for the
 step order and the test failpoints.
 """
@@ -40,7 +41,7 @@ from rdma_cni.plugins import macvlan_tx as tx
 from rdma_cni.plugins.macvlan_config import StatusConfig, parse_config, parse_status_config
 from rdma_cni.plugins.macvlan_select import choose_bonds, describe_pins
 from rdma_cni.rdma.mode import require_mode
-from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState
+from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState, SkippedRestore
 
 if TYPE_CHECKING:
     from rdma_cni.plugins.macvlan_model import MacvlanConfig
@@ -96,6 +97,7 @@ class MacvlanPlugin:
         )
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
+            state.clear_skipped(bond)  # handed out again with what it holds now: the old skip is history
         tx.plan_pod_routing(pod, rec)  # which table: decided before the pod is touched, recorded
         macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
         macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
@@ -222,8 +224,15 @@ class MacvlanPlugin:
         self, req: Request, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, host: Any,
         netns_path: str, fp: tx.Failpoints | None = None,
     ) -> None:
-        """Undo one recorded attachment completely, then drop its record (the pin goes with it)."""
-        tx.teardown(rec, host, netns_path, fp, detach=lambda b, ns: macvlan_rdma.detach(cfg, rec, b, ns))
+        """Undo one recorded attachment completely, then drop its record (the pin goes with it).
+        A bond re-addressed meanwhile keeps its present addresses; that is noted for state/doctor."""
+        skipped = tx.teardown(rec, host, netns_path, fp,
+                              detach=lambda b, ns: macvlan_rdma.detach(cfg, rec, b, ns))
+        for b, drift in skipped:
+            state.note_skipped(SkippedRestore(
+                bond=b.bond, container_id=rec.container_id, ifname=rec.ifname,
+                recorded=list(drift.recorded), current=list(drift.current), routes=len(b.routes),
+                rules=len(b.rules)))
         if rec.ipam is not None:
             self._ipam_del(req, rec)
         state.remove(rec.container_id, rec.ifname)

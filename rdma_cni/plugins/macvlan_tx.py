@@ -10,7 +10,9 @@ ADD per bond (DESIGN.md "rdma-macvlan: behaviour"; the order is what keeps the R
 Where the routes go (the pod's main table or a table of the bond's own) is decided write-ahead
 (:func:`plan_pod_routing`). Every step is undone by :func:`teardown`, which needs only the record: it
 deletes the ``from`` rules ADD made and the pod interface first (if the recorded netns is still there
-— checked by inode), then replays the bond's addresses, routes and rules. DEL, GC, a failed ADD and
+— checked by inode), then replays the bond's addresses, routes and rules — unless the bond was
+re-addressed meanwhile (it holds a global address the record does not): then none of the record's
+addresses, routes or rules go back. DEL, GC, a failed ADD and
 a crashed ADD all end there.
 
 Test-only failpoints: ``RDMA_CNI_FAILPOINT=<step>`` (or ``<step>#<n>`` for the n-th time the step is
@@ -39,7 +41,7 @@ from rdma_cni.net.announce import announce_ipv6, arm_arp_notify
 from rdma_cni.net.netns import Netns, NetnsUnavailable, netlink_in, open_netns
 from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.rtnl import attr
-from rdma_cni.state import AttachmentRecord, BondRecord
+from rdma_cni.state import AddressDrift, AttachmentRecord, BondRecord, bond_drift
 
 log = logging.getLogger("rdma_cni.macvlan")
 
@@ -269,15 +271,23 @@ def delete_pod_links(rec: AttachmentRecord, ns: Netns) -> None:
         pod.close()
 
 
-def restore_host(host: Any, b: BondRecord) -> list[str]:
-    """Put the bond's addresses, then routes, then rules back; returns what could not be restored."""
+def restore_host(host: Any, b: BondRecord) -> tuple[list[str], AddressDrift | None]:
+    """Put the bond's addresses, then routes, then rules back; returns what could not be restored,
+    and the drift when the bond was re-addressed meanwhile (then nothing of the record goes back:
+    its present configuration is the truth, see :func:`rdma_cni.state.address_drift`)."""
     if not b.moves_addresses:
-        return []
+        return [], None
     bond = links.get_link(host, b.bond)
     if bond is None:
         log.error("bond %s no longer exists: its addresses %s cannot be restored", b.bond,
                   [addresses.cidr(a) for a in b.addresses])
-        return []
+        return [], None
+    drift = bond_drift(b, [addresses.cidr(a) for a in addresses.snapshot(host, bond.index)])
+    if drift.readdressed:
+        log.warning("%s was re-addressed (holds %s, the record %s): not restoring the record's "
+                    "addresses, %d route(s) and %d rule(s)", b.bond, ", ".join(drift.current),
+                    ", ".join(drift.recorded) or "nothing", len(b.routes), len(b.rules))
+        return [], drift
     problems = []
     try:
         addresses.restore(host, bond.index, b.addresses)
@@ -285,7 +295,7 @@ def restore_host(host: Any, b: BondRecord) -> list[str]:
         problems.append(f"addresses of {b.bond}: {exc}")
     problems += routes.restore_routes(host, b.routes, b.bond_index, bond.index)
     problems += routes.restore_rules(host, b.rules)
-    return problems
+    return problems, None
 
 
 Detach = Callable[[BondRecord, "Netns | None"], None]
@@ -294,14 +304,16 @@ Detach = Callable[[BondRecord, "Netns | None"], None]
 def teardown(
     rec: AttachmentRecord, host: Any, netns_path: str, fp: Failpoints | None = None,
     detach: Detach | None = None,
-) -> None:
+) -> list[tuple[BondRecord, AddressDrift]]:
     """Undo an attachment from its record alone: pod interfaces first, then the host's addresses.
 
     ``detach`` (the RDMA steps) runs per bond between the two, with the pod netns when it is still
     there: giving back an exclusive-mode device, waiting for the pod's GID to leave its slot.
+    Returns the bonds whose restore was skipped because they were re-addressed meanwhile.
     """
     ns = recorded_netns(rec, netns_path)
     problems: list[str] = []
+    skipped: list[tuple[BondRecord, AddressDrift]] = []
     try:
         if ns is not None:
             delete_pod_rules(rec, ns)
@@ -311,7 +323,10 @@ def teardown(
         for b in rec.bonds:
             if detach is not None:
                 detach(b, ns)
-            problems += restore_host(host, b)
+            failed, drift = restore_host(host, b)
+            problems += failed
+            if drift is not None:
+                skipped.append((b, drift))
             if fp:
                 fp.hit("del-host-restored")
     finally:
@@ -319,6 +334,7 @@ def teardown(
             ns.close()
     if problems:
         raise CniError(NETLINK_FAILURE, "could not restore the host: " + "; ".join(problems))
+    return skipped
 
 
 def result_gateway(b: BondRecord, a: dict[str, Any]) -> str:
