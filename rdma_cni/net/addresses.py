@@ -9,27 +9,47 @@ reproduces the dump, and removing in the reverse order never deletes or promotes
 our back and always leaves a prefix of the list — a crash between two deletions is repaired by
 re-adding whatever suffix is missing.
 
-Addresses moved: every IPv4 address, and the static (permanent) IPv6 ones of global scope; the
-link-local and SLAAC addresses belong to the bond's own MAC and stay.
+Addresses moved: every IPv4 address, and every IPv6 one of global (or site) scope that was
+configured rather than made by the kernel; the link-local, SLAAC and privacy addresses belong to the
+bond's own MAC and stay. The kernel says which ones it made: ``IFA_PROTO`` (``kernel_ra``,
+``kernel_ll``, ``kernel_lo``, since 6.3) and the ``temporary``/``stable-privacy`` flags. Before 6.3
+a SLAAC address looks like a configured one with finite lifetimes, so there only permanent (forever)
+IPv6 addresses move.
+
+Lifetimes: an address that is not forever keeps its deadlines. The snapshot stores the remaining
+valid/preferred lifetimes and the wall-clock time they were read; every later add (into the pod, back
+onto the bond) passes what is left of them, so the address expires when it would have on the bond.
+One whose valid lifetime ran out meanwhile is not put back (it would have expired on the bond too).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
 import socket
+import time
+from typing import Any
 
 from rdma_cni.net import rtnl
 from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.rtnl import Record, attr
 
-IFA_F_SECONDARY = 0x01
+log = logging.getLogger("rdma_cni.addresses")
+
+IFA_F_SECONDARY = 0x01  # IPv4; the same bit is IFA_F_TEMPORARY (a privacy address) for IPv6
+IFA_F_TEMPORARY = 0x01
 IFA_F_NODAD = 0x02
 IFA_F_DADFAILED = 0x08
 IFA_F_DEPRECATED = 0x20
 IFA_F_TENTATIVE = 0x40
 IFA_F_PERMANENT = 0x80
+IFA_F_STABLE_PRIVACY = 0x800
+IFAPROT_KERNEL = (1, 2, 3)  # IFA_PROTO: kernel_lo, kernel_ra (SLAAC), kernel_ll
+FOREVER = 0xFFFFFFFF
 _KERNEL_FLAGS = IFA_F_SECONDARY | IFA_F_DADFAILED | IFA_F_DEPRECATED | IFA_F_TENTATIVE | IFA_F_PERMANENT
 RT_SCOPE_LINK = 253
+RT_SCOPE_HOST = 254
 
 
 def cidr(rec: Record) -> str:
@@ -49,13 +69,27 @@ def is_ipv6(rec: Record) -> bool:
 
 
 def _movable(rec: Record) -> bool:
-    return movable(rec["family"], rec["scope"], _flags(rec))
+    return movable(rec["family"], rec["scope"], _flags(rec), int(attr(rec, "IFA_PROTO", 0) or 0))
 
 
-def movable(family: int, scope: int, flags: int) -> bool:
+def _kernel_marks_slaac(release: str | None = None) -> bool:
+    """IFA_PROTO (kernel 6.3+) tells SLAAC addresses from configured ones with finite lifetimes."""
+    parts = (release or os.uname().release).split(".")
+    try:
+        return (int(parts[0]), int(parts[1].split("-")[0])) >= (6, 3)
+    except (IndexError, ValueError):
+        return False
+
+
+def movable(family: int, scope: int, flags: int, proto: int = 0) -> bool:
+    """An address ADD moves into the pod (module doc): every IPv4, configured global IPv6."""
     if family == socket.AF_INET:
         return True
-    return family == socket.AF_INET6 and scope != RT_SCOPE_LINK and bool(flags & IFA_F_PERMANENT)
+    if family != socket.AF_INET6 or scope in (RT_SCOPE_LINK, RT_SCOPE_HOST) or proto in IFAPROT_KERNEL:
+        return False
+    if flags & (IFA_F_TEMPORARY | IFA_F_STABLE_PRIVACY):
+        return False
+    return bool(flags & IFA_F_PERMANENT) or _kernel_marks_slaac()
 
 
 def holds_movable(ipr: RtnlSocket, index: int) -> bool:
@@ -63,13 +97,32 @@ def holds_movable(ipr: RtnlSocket, index: int) -> bool:
     return any(movable(*kind) for kind in ipr.addr_kinds(index))
 
 
+def _with_lifetimes(msg: Any, rec: Record, now: float) -> Record:
+    """Keep a finite lifetime (rtnl records drop IFA_CACHEINFO: its timestamps never replay)."""
+    info = msg.get_attr("IFA_CACHEINFO")
+    if info is not None and info["ifa_valid"] != FOREVER:
+        rec["lifetimes"] = {"valid": info["ifa_valid"], "preferred": info["ifa_preferred"], "at": now}
+    return rec
+
+
 def snapshot(ipr: RtnlSocket, index: int) -> list[Record]:
     """The link's movable addresses, in add order (see module doc)."""
-    recs = [rtnl.record("addr", m) for m in ipr.addr_dump(index=index)]
+    now = time.time()
+    recs = [_with_lifetimes(m, rtnl.record("addr", m), now) for m in ipr.addr_dump(index=index)]
     recs = [r for r in recs if _movable(r)]
     v4 = [r for r in recs if r["family"] == socket.AF_INET]
     v6 = [r for r in recs if r["family"] == socket.AF_INET6]
     return v4 + list(reversed(v6))
+
+
+def remaining(rec: Record, now: float | None = None) -> tuple[int, int] | None:
+    """(valid, preferred) seconds left of a finite lifetime; None when forever. Valid <= 0: expired."""
+    life = rec.get("lifetimes")
+    if not life:
+        return None
+    spent = round(max(0.0, (time.time() if now is None else now) - float(life["at"])))
+    valid = int(life["valid"]) - spent
+    return valid, max(0, min(valid, int(life["preferred"]) - spent))
 
 
 def live_cidrs(ipr: RtnlSocket, index: int) -> list[str]:
@@ -78,15 +131,24 @@ def live_cidrs(ipr: RtnlSocket, index: int) -> list[str]:
 
 def _for_link(rec: Record, index: int, label: str | None, extra_flags: int) -> Record:
     flags = (_flags(rec) & ~_KERNEL_FLAGS) | extra_flags
-    out: Record = {k: v for k, v in rec.items() if k != "attrs"}
+    out: Record = {k: v for k, v in rec.items() if k not in ("attrs", "lifetimes")}
     out["index"] = index
     out["flags"] = flags & 0xFF
-    attrs = [a for a in rec["attrs"] if a[0] not in ("IFA_FLAGS", "IFA_LABEL")]
+    attrs = [a for a in rec["attrs"] if a[0] not in ("IFA_FLAGS", "IFA_LABEL", "IFA_CACHEINFO")]
     attrs.append(["IFA_FLAGS", flags])
     if label and rec["family"] == socket.AF_INET:
         attrs.append(["IFA_LABEL", label])
+    left = remaining(rec)
+    if left is not None:
+        attrs.append(["IFA_CACHEINFO", {"ifa_preferred": left[1], "ifa_valid": max(1, left[0]),
+                                        "cstamp": 0, "tstamp": 0}])
     out["attrs"] = attrs
     return out
+
+
+def _expired(rec: Record) -> bool:
+    left = remaining(rec)
+    return left is not None and left[0] <= 0
 
 
 def remove(ipr: RtnlSocket, index: int, addrs: list[Record]) -> None:
@@ -116,6 +178,9 @@ def restore(ipr: RtnlSocket, index: int, addrs: list[Record]) -> int:
     added = 0
     for rec in addrs:
         if cidr(rec) in present:
+            continue
+        if _expired(rec):
+            log.info("%s: its valid lifetime ran out while the pod held it; not put back", cidr(rec))
             continue
         label = attr(rec, "IFA_LABEL")
         if rtnl.create(ipr, "addr", _for_link(rec, index, str(label) if label else None, 0)):

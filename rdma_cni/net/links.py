@@ -66,7 +66,7 @@ def configure_link(pod: RtnlSocket, temp_name: str, name: str, mtu: int, addrgen
     """Rename, set MTU and (optionally) stop IPv6 address generation, in one request; the link
     stays down. Returns the link as it is now (its MAC is final: nothing here changes it).
 
-    ``addrgen_off``: with no IPv6 address moving, a kernel-made link-local would become a RoCE GID
+    ``addrgen_off`` (always, also when IPv6 moves): a kernel-made link-local would become a RoCE GID
     and could take the slot the pod's IPv4 GID must land in (lab/vm FINDINGS, V6 vs V7).
     """
     link = get_link(pod, temp_name)

@@ -49,6 +49,7 @@ RTM_GETROUTE = 26
 RTM_GETRULE = 34
 
 IFA_FLAGS = 8
+IFA_PROTO = 11
 IFLA_ADDRESS = 1
 IFLA_IFNAME = 3
 IFLA_MTU = 4
@@ -297,17 +298,21 @@ class RtnlSocket:
 
         return [_decoded(ifaddrmsg, m) for m in self._addr_messages(family, index)]
 
-    def addr_kinds(self, index: int) -> list[tuple[int, int, int]]:
-        """(family, scope, flags) of each address of ``index``, read from the raw messages (IFA_FLAGS
-        when present, else the header's 8 bits): enough to tell which are movable, without decoding."""
+    def addr_kinds(self, index: int) -> list[tuple[int, int, int, int]]:
+        """(family, scope, flags, proto) of each address of ``index``, read from the raw messages
+        (IFA_FLAGS when present, else the header's 8 bits; IFA_PROTO, 0 when absent): enough to tell
+        which are movable, without decoding."""
         out = []
         for m in self._addr_messages(0, index):
             family, _, flags, scope, _ = _IFADDRMSG.unpack_from(m, _NLMSGHDR.size)
             end = _NLMSGHDR.unpack_from(m)[0]
+            proto = 0
             for kind, value in attributes(m, _NLMSGHDR.size + _IFADDRMSG.size, end):
                 if kind == IFA_FLAGS:
                     flags = _U32.unpack_from(value)[0]
-            out.append((family, scope, flags))
+                elif kind == IFA_PROTO and value:
+                    proto = value[0]
+            out.append((family, scope, flags, proto))
         return out
 
     def _addr_messages(self, family: int, index: int) -> list[bytes]:

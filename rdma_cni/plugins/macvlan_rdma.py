@@ -1,7 +1,8 @@
 """The RDMA steps of rdma-macvlan's transaction (DESIGN.md "ADD, per bond", step 4).
 
 Before write-ahead (:func:`plan`): find the RDMA device behind the bond, check the kernel's RDMA
-netns mode once, and read the host's RoCE v2 GID index of the bond's IPv4 address — recorded so the
+netns mode once, and read the host's RoCE v2 GID index of the bond's IPv4 address (and of its first
+global IPv6, whose GID is the address itself) — recorded so the
 pod's index can be checked against it after the move, and so DEL knows which slot to wait for.
 In the transaction (:func:`attach`), after the address moved and the link is up: move the device
 into the pod in exclusive mode, wait for the pod's GID, check its index, write the GID record.
@@ -49,6 +50,14 @@ def _first_ipv4(b: BondRecord) -> str | None:
     return None
 
 
+def _first_ipv6(b: BondRecord) -> str | None:
+    """The bond's first global IPv6 (in add order): the one whose GID index is recorded."""
+    for a in b.addresses:
+        if addresses.is_ipv6(a):
+            return addresses.ip_of(a)
+    return None
+
+
 def plan(cfg: MacvlanConfig, bonds: list[BondRecord]) -> None:
     """Fill ``b.rdma`` for every bond that has an RDMA device (or fail when one is required)."""
     checked = False
@@ -67,7 +76,7 @@ def plan(cfg: MacvlanConfig, bonds: list[BondRecord]) -> None:
         if not checked:
             mode.require_mode(cfg.sysfs_root, cfg.rdma.netns_mode)
             checked = True
-        ip = _first_ipv4(b)
+        ip, ip6 = _first_ipv4(b), _first_ipv6(b)
         host_index = sysfs.roce_v2_index(cfg.sysfs_root, port.device, port.port, ip, b.bond) if ip else None
         b.rdma = {
             "device": port.device,
@@ -78,6 +87,10 @@ def plan(cfg: MacvlanConfig, bonds: list[BondRecord]) -> None:
             "netnsMode": cfg.rdma.netns_mode,
             "moved": False,
         }
+        if ip6:
+            b.rdma["ipv6"] = ip6
+            b.rdma["hostGidIndexIPv6"] = sysfs.roce_v2_index(cfg.sysfs_root, port.device, port.port, ip6,
+                                                             b.bond)
 
 
 def attach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, ns: Netns, ip: str | None,
@@ -87,6 +100,7 @@ def attach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, ns: Netns, 
     if info is None:
         return
     ip = ip or info["ip"]
+    entry = entry6 = None
     if ip:
         # Read while the device is still in the node netns: the index is fixed when the address lands.
         entry = gid.wait_for_gid(cfg.sysfs_root, info["device"], info["port"], ip, cfg.rdma.gid_timeout_ms,
@@ -96,9 +110,17 @@ def attach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, ns: Netns, 
             source = "configured" if isinstance(cfg.rdma.gid_index, int) else "host"
             gid.check_gid_index(entry, expected, source, cfg.sysfs_root)
         info["podGidIndex"] = entry.index
-        records.write_pod_record(cfg.run_dir, rec.container_id, b.pod_ifname, entry, info["uverbs"])
+    if info.get("ipv6"):
+        # RoCE v2 GID of an IPv6 address = the address itself; it keeps the host's index like IPv4.
+        entry6 = gid.wait_for_gid(cfg.sysfs_root, info["device"], info["port"], info["ipv6"],
+                                  cfg.rdma.gid_timeout_ms, ndev=b.pod_ifname)
+        if info.get("hostGidIndexIPv6") is not None:
+            gid.check_gid_index(entry6, info["hostGidIndexIPv6"], "host", cfg.sysfs_root)
+        info["podGidIndexIPv6"] = entry6.index
+    if entry or entry6:
+        records.write_pod_record(cfg.run_dir, rec.container_id, b.pod_ifname, entry, info["uverbs"], entry6)
     else:
-        log.info("%s: no IPv4 address on the pod interface, no RoCE v2 GID to check", b.pod_ifname)
+        log.info("%s: no address on the pod interface, no RoCE v2 GID to check", b.pod_ifname)
     if cfg.rdma.netns_mode == mode.EXCLUSIVE and not info["moved"]:
         info["moved"] = True  # recorded first: a crash right after the move must give it back
         save()
@@ -130,11 +152,11 @@ def detach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, pod_ns: Net
                 nldev.set_device_netns(info["device"], home.fd, from_netns_fd=pod_ns.fd)
         except OSError as exc:  # the kernel returns it to the host when the netns dies anyway
             log.warning("could not give %s back from %s: %s", info["device"], rec.netns, exc)
-    if info.get("ip"):
-        if not gid.wait_for_gid_gone(cfg.sysfs_root, info["device"], info["port"], info["ip"],
-                                     cfg.rdma.gid_timeout_ms):
+    for ip in (info.get("ip"), info.get("ipv6")):
+        if ip and not gid.wait_for_gid_gone(cfg.sysfs_root, info["device"], info["port"], ip,
+                                            cfg.rdma.gid_timeout_ms):
             log.warning("the pod's GID of %s is still in %s's table; the host's may land elsewhere",
-                        info["ip"], info["device"])
+                        ip, info["device"])
     records.remove_pod_records(cfg.run_dir, rec.container_id, b.pod_ifname)
 
 
@@ -146,11 +168,13 @@ def refresh_host_record(cfg: MacvlanConfig, host: Any) -> None:
         if not os.path.isdir(os.path.join(cfg.sysfs_root, "class", "infiniband")):
             return
         host_ipv4: dict[str, list[str]] = {}
+        host_ipv6: dict[str, list[str]] = {}
         for port in sysfs.list_ports(cfg.sysfs_root):
             link = links.get_link(host, port.netdev) if port.netdev else None
             if link is not None:
-                host_ipv4[link.name] = [addresses.ip_of(a) for a in addresses.snapshot(host, link.index)
-                                        if not addresses.is_ipv6(a)]
-        records.update_host_record(cfg.run_dir, cfg.sysfs_root, host_ipv4)
+                held = addresses.snapshot(host, link.index)
+                host_ipv4[link.name] = [addresses.ip_of(a) for a in held if not addresses.is_ipv6(a)]
+                host_ipv6[link.name] = [addresses.ip_of(a) for a in held if addresses.is_ipv6(a)]
+        records.update_host_record(cfg.run_dir, cfg.sysfs_root, host_ipv4, host_ipv6)
     except (OSError, ValueError) as exc:
         log.warning("could not update %s/gid/host.json: %s", cfg.run_dir, exc)

@@ -126,12 +126,13 @@ class AddContext:
 
 def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     """Plug one bond into the pod; ``step[0]`` always names where we are (for the error message)."""
-    moving_v6 = any(addresses.is_ipv6(a) for a in b.addresses)
     step[0] = "create macvlan"
     links.create_macvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.mode, ctx.mac if i == 0 else "")
     ctx.fp.hit("link-created")
     step[0] = "configure pod interface"
-    pod_link = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=not moving_v6)
+    # No kernel-made link-local in the pod, also when IPv6 moves: it would take a RoCE GID slot (the
+    # moved global IPv6 addresses are enough for neighbour discovery and the pod's traffic).
+    pod_link = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=True)
     index = pod_link.index
     ctx.fp.hit("link-configured")
     step[0] = "remove addresses from the bond"

@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -48,28 +49,41 @@ def _ensure_dirs(*paths: str) -> None:
             durable.ensure_dir(p, DIR_MODE)
 
 
-def pod_record(container_id: str, ifname: str, entry: GidEntry, uverbs: str | None = None) -> dict[str, Any]:
-    return {
+def pod_record(
+    container_id: str, ifname: str, entry: GidEntry | None, uverbs: str | None = None,
+    entry6: GidEntry | None = None,
+) -> dict[str, Any]:
+    """``gidIndex`` is the IPv4 GID's (what NCCL_IB_GID_INDEX names), or the IPv6 one on an
+    IPv6-only interface; ``gidIndexIPv6``/``gidIPv6``/``ipv6`` note the IPv6 GID when there is one."""
+    main = entry or entry6
+    if main is None:
+        raise ValueError("a pod GID record needs an IPv4 or an IPv6 GID")
+    out: dict[str, Any] = {
         "containerId": container_id,
         "ifname": ifname,
-        "device": entry.device,
-        "port": entry.port,
-        "gidIndex": entry.index,
-        "gid": entry.gid,
-        "type": entry.type,
-        "netdev": entry.ndev,
-        "ipv4": entry.ipv4,
+        "device": main.device,
+        "port": main.port,
+        "gidIndex": main.index,
+        "gid": main.gid,
+        "type": main.type,
+        "netdev": main.ndev,
+        "ipv4": entry.ipv4 if entry else None,
         "uverbs": f"/dev/infiniband/{uverbs}" if uverbs else None,
     }
+    if entry6 is not None:
+        out.update({"gidIndexIPv6": entry6.index, "gidIPv6": entry6.gid, "ipv6": entry6.gid})
+    return out
 
 
 def write_pod_record(
-    run_dir: str, container_id: str, ifname: str, entry: GidEntry, uverbs: str | None = None
+    run_dir: str, container_id: str, ifname: str, entry: GidEntry | None, uverbs: str | None = None,
+    entry6: GidEntry | None = None,
 ) -> str:
     """Write (atomically) the record of one pod interface; returns its path."""
     path = pod_record_path(run_dir, container_id, ifname)
     _ensure_dirs(run_dir, gid_dir(run_dir), os.path.dirname(path))
-    durable.atomic_write_json(path, pod_record(container_id, ifname, entry, uverbs), FILE_MODE, DIR_MODE)
+    body = pod_record(container_id, ifname, entry, uverbs, entry6)
+    durable.atomic_write_json(path, body, FILE_MODE, DIR_MODE)
     return path
 
 
@@ -140,8 +154,29 @@ def _previous_ports(run_dir: str) -> dict[tuple[str, int], dict[str, Any]]:
     return out
 
 
+def _global_ipv6(g: GidEntry) -> bool:
+    return g.ipv4 is None and not ipaddress.IPv6Address(g.gid).is_link_local
+
+
+def _host_ipv6(
+    port: sysfs.RdmaPort, gids: list[GidEntry], previous: dict[str, Any] | None, host_ipv6: list[str] | None
+) -> dict[str, Any]:
+    """The IPv6 side of a port's host record: the RoCE v2 GID of the bond's first global IPv6 (in
+    the order given: add order, the one ADD records), else the lowest such GID."""
+    mine = [g for g in gids if g.type == sysfs.ROCE_V2 and g.ndev == port.netdev and _global_ipv6(g)]
+    if host_ipv6 is not None:
+        by_gid = {g.gid: g for g in reversed(mine)}
+        mine = [by_gid[t] for t in (ipaddress.IPv6Address(ip).compressed for ip in host_ipv6) if t in by_gid]
+    if mine:
+        return {"gidIndexIPv6": mine[0].index, "ipv6": mine[0].gid}
+    if previous and isinstance(previous.get("gidIndexIPv6"), int):  # lent to a pod, as for IPv4
+        return {"gidIndexIPv6": previous["gidIndexIPv6"], "ipv6": previous.get("ipv6")}
+    return {}
+
+
 def _host_port(
-    port: sysfs.RdmaPort, gids: list[GidEntry], previous: dict[str, Any] | None, host_ipv4: set[str] | None
+    port: sysfs.RdmaPort, gids: list[GidEntry], previous: dict[str, Any] | None, host_ipv4: set[str] | None,
+    host_ipv6: list[str] | None = None,
 ) -> dict[str, Any]:
     mine = [g for g in gids if g.type == sysfs.ROCE_V2 and g.ipv4 and g.ndev == port.netdev]
     if host_ipv4 is not None:  # a pod interface named like the bond (podIfName: master) is not the host
@@ -160,11 +195,13 @@ def _host_port(
         rec["gidIndex"], rec["ipv4"], rec["present"] = previous["gidIndex"], previous.get("ipv4"), False
     else:
         rec["gidIndex"], rec["ipv4"], rec["present"] = None, None, False
+    rec.update(_host_ipv6(port, gids, previous, host_ipv6))
     return rec
 
 
 def update_host_record(
-    run_dir: str, sysfs_root: str, host_ipv4: Mapping[str, Iterable[str]] | None = None
+    run_dir: str, sysfs_root: str, host_ipv4: Mapping[str, Iterable[str]] | None = None,
+    host_ipv6: Mapping[str, Iterable[str]] | None = None,
 ) -> dict[str, Any]:
     """Rewrite ``host.json`` from the live GID tables; keeps the last index of an IP that moved to a pod.
 
@@ -172,13 +209,17 @@ def update_host_record(
     master``), so sysfs alone cannot tell the host's entry from the pod's. ``host_ipv4`` (netdev ->
     the IPv4 addresses it holds now, from rtnetlink) settles it; without it a same-named pod
     interface counts as the host's (same index either way, by design; only ``present`` differs).
+    ``host_ipv6`` (netdev -> its global IPv6 addresses) does the same for ``gidIndexIPv6``.
+    The record follows what the bonds hold now: after a re-addressed bond kept its new address,
+    its index is the new address's.
     """
     previous = _previous_ports(run_dir)
     ports = []
     for port in sysfs.list_ports(sysfs_root):
         gids = sysfs.read_gids(sysfs_root, port.device, port.port)
         mine = None if host_ipv4 is None else set(host_ipv4.get(port.netdev or "", ()))
-        ports.append(_host_port(port, gids, previous.get((port.device, port.port)), mine))
+        mine6 = None if host_ipv6 is None else list(host_ipv6.get(port.netdev or "", ()))
+        ports.append(_host_port(port, gids, previous.get((port.device, port.port)), mine, mine6))
     record: dict[str, Any] = {"version": 1, "ports": ports}
     _ensure_dirs(run_dir, gid_dir(run_dir))
     durable.atomic_write_json(os.path.join(gid_dir(run_dir), HOST_RECORD), record, FILE_MODE, DIR_MODE)

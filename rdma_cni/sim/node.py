@@ -293,7 +293,10 @@ class SimNode:
         except (OSError, NetnsUnavailable, NetlinkError) as e:  # its netns is being deleted: scan drops it
             log.debug("addresses of %s unreadable: %s", owner, e)
             return
-        for ip in ips:
+        # In the order they appeared, as the kernel gave them slots: the kernel dumps IPv6 addresses
+        # newest first (a new one goes before those of its scope), IPv4 in insertion order.
+        v6 = [ip for ip in ips if ":" in ip]
+        for ip in [ip for ip in ips if ":" not in ip] + v6[::-1]:
             if not only_link_local or ipaddress.ip_address(ip).is_link_local:
                 self._write(bond, self.tables[bond].add(gid_for_ip(ip), owner))
 
