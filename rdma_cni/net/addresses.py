@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import socket
 import time
@@ -120,7 +121,9 @@ def remaining(rec: Record, now: float | None = None) -> tuple[int, int] | None:
     life = rec.get("lifetimes")
     if not life:
         return None
-    spent = round(max(0.0, (time.time() if now is None else now) - float(life["at"])))
+    # The kernel shows whole seconds rounded up (valid - floor(age)): taking whole seconds spent
+    # rounded up too keeps the deadline unbiased over many moves instead of creeping later.
+    spent = math.ceil(max(0.0, (time.time() if now is None else now) - float(life["at"])))
     valid = int(life["valid"]) - spent
     return valid, max(0, min(valid, int(life["preferred"]) - spent))
 
