@@ -20,6 +20,9 @@ from rdma_cni.state import (
     AttachmentRecord,
     BondRecord,
     NodeState,
+    SkippedRestore,
+    address_drift,
+    bond_drift,
     record_filename,
 )
 
@@ -187,3 +190,44 @@ def test_orphaned_temp_files_are_swept_under_the_lock(tmp_path: str) -> None:
     with st.locked():
         pass
     assert not os.path.exists(orphan)
+
+
+@pytest.mark.parametrize(
+    ("current", "readdressed", "missing"),
+    [
+        ([], False, ["198.51.100.2/28", "2001:db8:1::2/64"]),  # holds nothing: restore all
+        (["198.51.100.2/28"], False, ["2001:db8:1::2/64"]),  # a crash mid-ADD: a prefix is left
+        (["198.51.100.2/28", "2001:db8:1:0::2/64", "fe80::1/64"], False, []),  # the same, given back
+        (["198.51.100.9/28"], True, ["198.51.100.2/28", "2001:db8:1::2/64"]),  # re-addressed
+        (["198.51.100.2/24"], True, ["198.51.100.2/28", "2001:db8:1::2/64"]),  # same IP, other subnet
+        (["198.51.100.2/28", "2001:db8:1::9/64"], True, ["2001:db8:1::2/64"]),  # one extra address
+    ],
+)
+def test_address_drift_tells_a_readdressed_bond_from_a_crashed_or_restored_one(
+    current: list[str], readdressed: bool, missing: list[str]
+) -> None:
+    b = BondRecord(bond="bond0", bond_index=3, pod_ifname="bond0", temp_name="mvtmp0", addresses=[
+        {"family": 2, "prefixlen": 28, "attrs": [["IFA_ADDRESS", "198.51.100.2"]]},
+        {"family": 10, "prefixlen": 64, "attrs": [["IFA_ADDRESS", "2001:db8:1::2"]]},
+    ])
+    drift = bond_drift(b, current)
+    assert drift.readdressed is readdressed
+    assert list(drift.missing) == missing
+    assert drift == address_drift(["198.51.100.2/28", "2001:db8:1::2/64"], current)
+    assert "fe80::1/64" not in drift.current
+
+
+def test_skipped_restores_are_kept_per_bond_until_cleared(tmp_path: str) -> None:
+    st = NodeState(os.path.join(tmp_path, "data"))
+    assert st.skipped_restores() == []
+    note = SkippedRestore("bond0", "c1", "net1", ["198.51.100.2/28"], ["198.51.100.9/28"], routes=2)
+    st.note_skipped(note)
+    st.note_skipped(SkippedRestore("bond1", "c1", "net1", ["198.51.100.18/28"], ["198.51.100.25/28"]))
+    assert [n.bond for n in st.skipped_restores()] == ["bond0", "bond1"]
+    assert st.skipped_restores()[0] == note
+    assert "198.51.100.9/28" in note.describe() and "2 route(s)" in note.describe()
+    st.clear_skipped("bond0")
+    st.clear_skipped("bond0")  # idempotent
+    assert [n.bond for n in st.skipped_restores()] == ["bond1"]
+    with pytest.raises(CniError):
+        st.note_skipped(SkippedRestore("../x", "c1", "net1", [], []))

@@ -170,6 +170,13 @@ def test_plugin_killed_or_failing_mid_add_leaves_host_gid_index_recoverable(vm: 
     vm.assert_checks_pass("crash")
 
 
+def test_readdressed_bond_after_a_reboot_keeps_its_new_address_at_the_unified_gid_index(vm: VmRun) -> None:
+    reason = vm.skipped("reboot")
+    if reason:
+        pytest.skip(f"reboot section not run in the guest: {reason}")
+    vm.assert_checks_pass("reboot")
+
+
 def test_exclusive_mode_add_fails_clearly_and_leaves_the_host_as_it_was(vm: VmRun) -> None:
     reason = vm.skipped("exclusive")
     if reason:

@@ -40,7 +40,7 @@ def _bond_finding(snap: NodeSnapshot, bond: str) -> Finding:
             "the RDMA device's netdev does not exist in the node netns",
             "create the bond (or rename it) so it matches `rdma link`",
         )
-    addrs = snap.host_addrs[bond]
+    addrs = snap.host_addrs[bond] + snap.host_ipv6.get(bond, [])  # an IPv6-only bond holds its IPs too
     holder = holder_of(snap, bond)
     if addrs and holder is None:
         return Finding(name, OK, f"holds {', '.join(addrs)}; free for a pod")

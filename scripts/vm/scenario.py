@@ -11,6 +11,9 @@ bond named like the product (``mlx5_bond_N``), addresses from 198.51.100.0/24 â€
 * ``plugin``: runs the real ``rdma-macvlan`` plugin through the CNI protocol for two pods on two
   bonds: GID index in the pod equals the host's, RDMA traffic between the pods, DEL with the netns
   alive and already deleted, secondary address, idempotent DEL.
+* ``crash``: kill -9 / failures mid-ADD, then DEL or GC.
+* ``reboot``: the pod's netns gone, bond0 re-addressed (IPv4 + IPv6) by the node's config: DEL keeps
+  the new addresses, their GIDs sit at the unified index, the next pod gets exactly them.
 * ``exclusive``: the kernel in ``exclusive`` RDMA netns mode: ADD fails clearly and changes nothing.
 
 Every outcome is one JSON line in ``$VM_OUT/results.jsonl`` (``kind`` check/fact/skip; a check has
@@ -837,6 +840,74 @@ def crash_section() -> None:
     R.check("host as before the crashes", before, host_snapshot())
 
 
+# ------------------------------------------------------------------ section: reboot
+
+
+def v2_index6(device: str, ipv6: str) -> int | None:
+    """The RoCE v2 slot of an IPv6 address's GID (the address itself)."""
+    gid = ipaddress.IPv6Address(ipv6.split("/")[0]).exploded
+    return next((int(e["index"]) for e in gid_table(device) if e["gid"] == gid and e["type"] == "RoCE v2"),
+                None)
+
+
+def addresses6(ifname: str) -> list[str]:
+    argv = ["ip", "-j", "-6", "addr", "show", "dev", ifname, "scope", "global"]
+    data = json.loads(run(argv).stdout or "[]")
+    return [f"{a['local']}/{a['prefixlen']}" for link in data for a in link.get("addr_info", [])]
+
+
+def reboot_section() -> None:
+    """A reboot-like step on real GID tables: the pod's netns vanishes without DEL, the node's config
+    gives bond0 a different IPv4 (and an IPv6) while the record still holds the old addresses. DEL
+    (CNI_NETNS empty, as containerd sends it) must keep what the bond holds now, the new address's
+    GID must sit at the unified index, and the next pod must get exactly the new addresses."""
+    missing = plugin_available() or plugin_rdma_missing()
+    if missing:
+        R.skip("reboot", missing)
+        return
+    dev, old = "mlx5_bond_0", list(BONDS["bond0"][2])
+    new4, new6 = "198.51.100.40/24", "2001:db8:10::40/64"
+    unified = v2_index(dev, old[0])
+    ip(["netns add pod7"])
+    rc, _, _ = cni("ADD", "pod7", "bond0")
+    R.check("ADD pod7 exit code", 0, rc)
+    ip(["netns del pod7"])
+    R.check("the pod's GIDs leave with its netns", True,
+            wait_for(lambda: all(v2_index(dev, a) is None for a in old), 10) is not None)
+    ip([f"addr add {new4} dev bond0", f"addr add {new6} dev bond0 nodad"])  # the node's new config
+    rc, out, _ = cni("DEL", "pod7", "bond0", netns="")
+    R.check("DEL after the re-address: exit code", 0, rc, out)
+    R.check("bond0 keeps only its new IPv4", [new4], addresses("bond0"))
+    R.check("bond0 keeps only its new IPv6", [new6], addresses6("bond0"))
+    R.check("none of the record's addresses came back (no GID)", [None] * len(old),
+            [v2_index(dev, a) for a in old])
+    idx4, idx6 = v2_index(dev, new4), v2_index6(dev, new6)
+    R.fact("GID table after the skipped restore", gid_table(dev))
+    R.check("the new IPv4's GID is at the unified index", unified, idx4)
+    R.check("the new IPv6 has a RoCE v2 GID", True, idx6 is not None)
+    host = json.loads((STATE / "run" / "gid" / "host.json").read_text())
+    port = next((p for p in host.get("ports", []) if p.get("device") == dev), {})
+    R.check("host.json follows what the bond holds",
+            {"ipv4": new4.split("/")[0], "gidIndex": idx4, "present": True, "ipv6": new6.split("/")[0],
+             "gidIndexIPv6": idx6},
+            {k: port.get(k) for k in ("ipv4", "gidIndex", "present", "ipv6", "gidIndexIPv6")}, host)
+    ip(["netns add pod8"])
+    rc, out, _ = cni("ADD", "pod8", "bond0")
+    R.check("ADD pod8 after the skipped restore: exit code", 0, rc, out)
+    R.check("pod8 gets exactly the new addresses", sorted([new4, new6]), result_ips(out))
+    record = json.loads(gid_records("pod8")[0].read_text()) if gid_records("pod8") else {}
+    R.check("pod8's GID record: the host's indexes, IPv4 and IPv6",
+            {"gidIndex": idx4, "gidIndexIPv6": idx6},
+            {k: record.get(k) for k in ("gidIndex", "gidIndexIPv6")}, record)
+    rc, _, _ = cni("DEL", "pod8", "bond0")
+    R.check("DEL pod8 exit code", 0, rc)
+    R.check("bond0 has the new addresses back at the same GID indexes",
+            [[new4], [new6], idx4, idx6], [addresses("bond0"), addresses6("bond0"), v2_index(dev, new4),
+                                            v2_index6(dev, new6)])
+    ip(["netns del pod8", f"addr del {new6} dev bond0", f"addr del {new4} dev bond0",
+        *[f"addr add {a} dev bond0" for a in old]])  # the node as the next section expects it
+
+
 # ------------------------------------------------------------------ RDMA traffic
 
 
@@ -1045,6 +1116,7 @@ def main() -> int:
         ("kernel", kernel_section),
         ("plugin", plugin_section),
         ("crash", crash_section),
+        ("reboot", reboot_section),
         ("exclusive", exclusive_section),
     ):
         R.section = name
