@@ -301,7 +301,8 @@ def test_a_bond_lent_to_a_live_pod_is_healthy_and_a_dead_pods_is_not(make_rig: C
     rig = make_rig(2, watched=True)
     pod = rig.n.pod()
     wait_watched(rig.netns, pod.path)
-    conf = rig.n.config(masters=["bond0", "bond1"], count=1, sysfsRoot=rig.sys, rdma={"required": True})
+    conf = rig.n.config(masters=["bond0", "bond1"], count=1, sysfsRoot=rig.sys,
+                        rdma={"required": True, "gidTimeoutMs": 10000})
     res = rig.n.plugin("ADD", conf, pod, container_id="c1")
     assert res.code == 0, res.stderr
     assert rig.n.pins() == {"bond0": "c1"}

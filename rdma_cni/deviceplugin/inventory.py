@@ -83,20 +83,21 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _bond_netdevs(cfg: PluginConfig) -> list[str]:
+def _bond_netdevs(cfg: PluginConfig, ports: list[sysfs.RdmaPort]) -> list[str]:
     if cfg.masters is not None:
         return list(cfg.masters)
     from rdma_cni.plugins.macvlan_rdma import default_masters
 
-    return default_masters(cfg.sysfs_root)
+    return default_masters(cfg.sysfs_root, ports)
 
 
 def discover(cfg: PluginConfig, previous: Snapshot | None = None) -> tuple[RdmaBond, ...]:
     """The devices to advertise, in natural order of their IDs (see the module doc for ``previous``)."""
     found: dict[str, RdmaBond] = {}
-    ports = {p.netdev: p for p in reversed(sysfs.list_ports(cfg.sysfs_root)) if p.netdev}
+    every = sysfs.list_ports(cfg.sysfs_root)
+    ports = {p.netdev: p for p in reversed(every) if p.netdev}
     mads = mad_devices(cfg.sysfs_root)
-    for netdev in _bond_netdevs(cfg):
+    for netdev in _bond_netdevs(cfg, every):
         # One read of every port; port_for_netdev only for a bond found through its netdev's links.
         port = ports.get(netdev) or sysfs.port_for_netdev(cfg.sysfs_root, netdev)
         if port is None:

@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("rdma_cni.macvlan")
 
 
-def default_masters(sysfs_root: str) -> list[str]:
-    """Every netdev that backs a RoCE port, in device order."""
+def default_masters(sysfs_root: str, ports: list[sysfs.RdmaPort] | None = None) -> list[str]:
+    """Every netdev that backs a RoCE port, in device order (of ``ports`` when already read)."""
     out = []
-    for port in sysfs.list_ports(sysfs_root):
+    for port in ports if ports is not None else sysfs.list_ports(sysfs_root):
         if port.netdev and port.link_layer == "Ethernet" and port.netdev not in out:
             out.append(port.netdev)
     return out

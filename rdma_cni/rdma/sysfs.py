@@ -148,15 +148,23 @@ def _state(text: str | None) -> str:
 
 def uverbs_of(sysfs_root: str, device: str) -> str | None:
     """The ``uverbsN`` char device of ``device``, from ``class/infiniband_verbs/*/ibdev``."""
+    return uverbs_devices(sysfs_root).get(device)
+
+
+def uverbs_devices(sysfs_root: str) -> dict[str, str]:
+    """RDMA device -> its ``uverbsN`` (the lowest when several name it), one read of the class."""
     base = os.path.join(sysfs_root, "class", "infiniband_verbs")
     try:
         names = sorted(os.listdir(base))
     except FileNotFoundError:
-        return None
+        return {}
+    out: dict[str, str] = {}
     for name in names:
-        if name.startswith("uverbs") and _read(os.path.join(base, name, "ibdev")) == device:
-            return name
-    return None
+        if name.startswith("uverbs"):
+            ibdev = _read(os.path.join(base, name, "ibdev"))
+            if ibdev:
+                out.setdefault(ibdev, name)
+    return out
 
 
 def _host_netdevs(sysfs_root: str) -> set[str] | None:
@@ -205,13 +213,14 @@ def port_netdev(sysfs_root: str, device: str, port: int) -> str | None:
     return candidates[0] if candidates else None
 
 
-def read_port(sysfs_root: str, device: str, port: int) -> RdmaPort:
+def read_port(sysfs_root: str, device: str, port: int, uverbs: dict[str, str] | None = None) -> RdmaPort:
+    """One port; ``uverbs`` (from :func:`uverbs_devices`) spares a read of the class per port."""
     pdir = port_dir(sysfs_root, device, port)
     return RdmaPort(
         device=device,
         port=port,
         netdev=port_netdev(sysfs_root, device, port),
-        uverbs=uverbs_of(sysfs_root, device),
+        uverbs=(uverbs if uverbs is not None else uverbs_devices(sysfs_root)).get(device),
         link_layer=_read(os.path.join(pdir, "link_layer")) or "UNKNOWN",
         state=_state(_read(os.path.join(pdir, "state"))),
     )
@@ -219,8 +228,11 @@ def read_port(sysfs_root: str, device: str, port: int) -> RdmaPort:
 
 def list_ports(sysfs_root: str) -> list[RdmaPort]:
     """Every port of every RDMA device, with its netdev, uverbs device, link layer and state."""
+    uverbs = uverbs_devices(sysfs_root)
     return [
-        read_port(sysfs_root, d, p) for d in list_devices(sysfs_root) for p in _port_numbers(sysfs_root, d)
+        read_port(sysfs_root, d, p, uverbs)
+        for d in list_devices(sysfs_root)
+        for p in _port_numbers(sysfs_root, d)
     ]
 
 
