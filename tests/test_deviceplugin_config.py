@@ -69,6 +69,12 @@ def test_json_file_is_read_too(roots: dict[str, Any], tmp_path: Path) -> None:
     assert (cfg.env_nccl_ib_hca, cfg.log_file) == (False, "")
 
 
+def test_a_yaml_flow_mapping_is_yaml_not_broken_json(roots: dict[str, Any], tmp_path: Path) -> None:
+    path = write(tmp_path, "dp.yaml", "{logLevel: warning, env: {UCX_IB_GID_INDEX: false}}\n")
+    cfg = load_config(roots, path)
+    assert (cfg.log_level, cfg.env_ucx_ib_gid_index) == ("warning", False)
+
+
 def test_masters_and_dirs_come_from_the_cni_conf(roots: dict[str, Any], tmp_path: Path) -> None:
     conf = write(tmp_path, "tke-rdma-macvlan.conf", json.dumps({
         "cniVersion": "1.0.0", "name": "tke-rdma-macvlan", "type": "rdma-macvlan",
@@ -134,8 +140,15 @@ BAD_FILES = [
     ("masters: [bond0]\n", "masters", "not a device plugin setting"),
     ("- resourceName\n", "--config", "one mapping"),
     ("resourceName: [unclosed\n", "--config", "not valid YAML at line"),
-    ('{"logLevel": }', "--config", "not valid JSON"),
+    ("logLevel: [a, b\n", "--config", "not valid YAML"),
 ]
+
+
+def test_a_broken_json_file_says_json(roots: dict[str, Any], tmp_path: Path) -> None:
+    path = write(tmp_path, "dp.json", '{"logLevel": }')
+    with pytest.raises(ConfigError) as err:
+        load_config(roots, path)
+    assert err.value.key == "--config" and "not valid JSON" in str(err.value) and path in str(err.value)
 
 
 @pytest.mark.parametrize(("text", "key", "fix"), BAD_FILES)

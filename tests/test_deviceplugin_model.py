@@ -269,7 +269,7 @@ CAUSES = {
     "no-carrier": (_no_carrier, "bond bond1 has no carrier"),
     "bond-missing": (_bond_missing, "bond bond1 is missing"),
     "uverbs-missing": (_uverbs_missing, "/dev/infiniband/uverbs1 is missing"),
-    "address-lost": (_address_lost, "bond bond1 has no IPv4 address and no pod holds it"),
+    "address-lost": (_address_lost, "bond bond1 has no IPv4 (nor global IPv6) address and no pod holds it"),
     "rdma-device-gone": (_device_gone, "RDMA device mlx5_bond_1 is gone from sysfs"),
 }
 
@@ -295,6 +295,19 @@ def test_each_health_cause_flips_the_device_unhealthy_and_back(
     undo()
     well = rig.scan(previous=sick)
     assert well.health == before.health, "the same function says Healthy once the cause is gone"
+
+
+def test_a_bond_with_only_a_global_ipv6_address_is_healthy(make_rig: Callable[..., Rig]) -> None:
+    """IPv6 on the bonds moves like IPv4 (issue 12): an IPv6-only RoCE network is a network; a
+    link-local alone (every up link has one) is not."""
+    rig = make_rig(1)
+    rig.node_exec("addr", "del", f"{bond_ip(0)}/28", "dev", "bond0")
+    h = rig.health("mlx5_bond_0")
+    assert not h.healthy and "no IPv4 (nor global IPv6) address" in h.reason
+    rig.node_exec("addr", "add", "2001:db8:1::2/64", "dev", "bond0", "nodad")
+    assert rig.health("mlx5_bond_0") == DeviceHealth("mlx5_bond_0", True, "")
+    env = rig.allocate(rig.scan(), ["mlx5_bond_0"]).envs
+    assert "NCCL_IB_GID_INDEX" not in env  # no RoCE v2 IPv4 GID: NCCL picks by itself
 
 
 def test_a_bond_lent_to_a_live_pod_is_healthy_and_a_dead_pods_is_not(make_rig: Callable[..., Rig]) -> None:

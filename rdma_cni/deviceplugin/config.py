@@ -273,7 +273,7 @@ def _read_file(path: str) -> dict[str, object]:
 
 
 def _parse(path: str, text: str) -> Any:
-    if path.endswith(".json") or text.lstrip().startswith("{"):
+    if path.endswith(".json"):  # YAML reads JSON too, but JSON's own errors say more
         try:
             return json.loads(text)
         except ValueError as exc:

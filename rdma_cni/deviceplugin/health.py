@@ -5,9 +5,10 @@ Healthy means every one of these holds (DESIGN.md "rdma-device-plugin: behaviour
 * the RDMA port is ``ACTIVE`` (sysfs ``ports/N/state``; it has no netlink event, hence the rescan);
 * the bond netdev exists in the node's netns, is up and has carrier;
 * the ``uverbsN`` char device exists under the dev root (what the pod opens);
-* the bond holds an IPv4 address, or a live pod holds it (rdma-macvlan moved it into that pod and
-  gives it back on DEL). A bond that was re-addressed holds an address, so it is healthy (issue 12);
-  a bond without one whose record's pod is gone lost its address (``cni-tool state`` / ``gc``).
+* the bond holds an IPv4 (or a global IPv6) address, or a live pod holds it (rdma-macvlan moved
+  it into that pod and gives it back on DEL). A bond that was re-addressed holds an address, so it
+  is healthy (issue 12); a bond without one whose record's pod is gone lost its address
+  (``cni-tool state`` / ``gc``).
 
 The verdict is a function of an :class:`Observation` only, so recovery needs no special path: the
 next scan re-evaluates and the cause that went away is no longer named.
@@ -43,6 +44,7 @@ class Observation:
     uverbs_node: str  # host path of the uverbs node checked, "" when sysfs names none
     uverbs_ok: bool  # a character device is there
     holders: tuple[Holder, ...] = ()
+    ipv6: tuple[str, ...] = ()  # its global IPv6 addresses (an IPv6-only RoCE network is one too)
 
 
 def causes(bond: RdmaBond, seen: Observation) -> list[str]:
@@ -63,7 +65,7 @@ def causes(bond: RdmaBond, seen: Observation) -> list[str]:
         out.append(f"no uverbs device names {bond.id} in class/infiniband_verbs (is ib_uverbs loaded?)")
     elif not seen.uverbs_ok:
         out.append(f"{seen.uverbs_node} is missing or not a character device (is ib_uverbs loaded?)")
-    if seen.link_present and not seen.ipv4:
+    if seen.link_present and not seen.ipv4 and not seen.ipv6:
         out.extend(_address_causes(bond, seen.holders))
     return out
 
@@ -73,10 +75,10 @@ def _address_causes(bond: RdmaBond, holders: tuple[Holder, ...]) -> list[str]:
         return []  # lent to a live pod: DEL gives it back
     if holders:
         dead = holders[0]
-        return [f"bond {bond.netdev} has no IPv4 address: container {dead.container_id[:12]} holds it "
+        return [f"bond {bond.netdev} has no IP address: container {dead.container_id[:12]} holds it "
                 f"but its netns {dead.netns or '(none)'} is gone (`cni-tool gc` gives it back)"]
-    return [f"bond {bond.netdev} has no IPv4 address and no pod holds it: the node lost it "
-            "(see `cni-tool state`; give the bond its address back)"]
+    return [f"bond {bond.netdev} has no IPv4 (nor global IPv6) address and no pod holds it: the node "
+            "lost it (see `cni-tool state`; give the bond its address back)"]
 
 
 def evaluate(bond: RdmaBond, seen: Observation) -> DeviceHealth:

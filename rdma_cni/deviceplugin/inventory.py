@@ -35,6 +35,8 @@ log = logging.getLogger("rdma_cni.deviceplugin")
 IFF_UP = 0x1
 RTM_GETADDR = 22
 IFA_ADDRESS, IFA_LOCAL = 1, 2
+IFA_F_DADFAILED = 0x08
+RT_SCOPE_UNIVERSE = 0
 _NLMSGHDR_SIZE = 16
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 IFF_LOWER_UP = 0x10000  # carrier: for a bond, at least one slave is up
@@ -129,12 +131,15 @@ def _still_wanted(cfg: PluginConfig, bond: RdmaBond) -> bool:
 # --- the live side: netlink, dev root, records ---------------------------------------------------------
 
 
-def _links_and_ipv4(netdevs: Iterable[str]) -> tuple[dict[str, tuple[int, int]], dict[int, list[str]]]:
-    """``{name: (index, flags)}`` of those of ``netdevs`` that exist and ``{index: [IPv4]}`` of
-    every link, in the current netns.
+Addresses = dict[int, list[str]]  # ifindex -> addresses
+
+
+def _links_and_addresses(netdevs: Iterable[str]) -> tuple[dict[str, tuple[int, int]], Addresses, Addresses]:
+    """``{name: (index, flags)}`` of those of ``netdevs`` that exist, then ``{index: [IPv4]}`` and
+    ``{index: [global IPv6]}`` of every link, in the current netns.
 
     One GETLINK per bond rather than a dump: a node netns may hold hundreds of pod veths, and each
-    link message is ~40 attributes to walk. Addresses are read from the raw dump (the prefix and
+    link message is ~40 attributes to walk. Addresses are read from the raw dump (the header and
     two attributes): decoding each message with pyroute2 cost more than the rest of a scan."""
     from rdma_cni.net.nlsock import RtnlSocket
 
@@ -144,35 +149,41 @@ def _links_and_ipv4(netdevs: Iterable[str]) -> tuple[dict[str, tuple[int, int]],
             info = ipr.link_get(name=name)
             if info is not None:
                 links[name] = (info.index, info.flags)
-        raw = ipr.dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_INET, 0, 0, 0, 0))
-    ipv4: dict[int, list[str]] = {}
+        raw = ipr.dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))
+    ipv4: Addresses = {}
+    ipv6: Addresses = {}
     for msg in raw:
-        ip = _ipv4_of(msg)
-        if ip is not None:
-            ipv4.setdefault(ip[0], []).append(ip[1])
-    return links, ipv4
+        found = _address_of(msg)
+        if found is not None:
+            family, index, ip = found
+            (ipv4 if family == socket.AF_INET else ipv6).setdefault(index, []).append(ip)
+    return links, ipv4, ipv6
 
 
-def _ipv4_of(msg: bytes) -> tuple[int, str] | None:
-    """(ifindex, address) of an RTM_NEWADDR message; IFA_LOCAL is the address on a peer link."""
+def _address_of(msg: bytes) -> tuple[int, int, str] | None:
+    """(family, ifindex, address) of an RTM_NEWADDR message: IPv4 (IFA_LOCAL is the address on a
+    peer link), or IPv6 of global scope (a link-local belongs to the bond's MAC, not its network)."""
     from rdma_cni.net.nlsock import attributes
 
-    family, _, _, _, index = _IFADDRMSG.unpack_from(msg, _NLMSGHDR_SIZE)
-    if family != socket.AF_INET:
+    family, _, flags, scope, index = _IFADDRMSG.unpack_from(msg, _NLMSGHDR_SIZE)
+    size = {socket.AF_INET: 4, socket.AF_INET6: 16}.get(family)
+    if size is None:
+        return None
+    if family == socket.AF_INET6 and (scope != RT_SCOPE_UNIVERSE or flags & IFA_F_DADFAILED):
         return None
     found: dict[int, bytes] = {}
     end = struct.unpack_from("=I", msg)[0]
     for kind, value in attributes(msg, _NLMSGHDR_SIZE + _IFADDRMSG.size, end):
-        if kind in (IFA_ADDRESS, IFA_LOCAL) and len(value) == 4:
+        if kind in (IFA_ADDRESS, IFA_LOCAL) and len(value) == size:
             found[kind] = bytes(value)
     packed = found.get(IFA_LOCAL) or found.get(IFA_ADDRESS)
-    return (index, socket.inet_ntop(socket.AF_INET, packed)) if packed else None
+    return (family, index, socket.inet_ntop(family, packed)) if packed else None
 
 
 def host_ipv4(netdevs: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """IPv4 addresses each of ``netdevs`` holds now in the current netns (absent link: left out)."""
     wanted = list(netdevs)
-    links, ipv4 = _links_and_ipv4(wanted)
+    links, ipv4, _ = _links_and_addresses(wanted)
     return {n: tuple(ipv4.get(links[n][0], ())) for n in wanted if n in links}
 
 
@@ -214,7 +225,7 @@ def holders(data_dir: str) -> dict[str, tuple[Holder, ...]]:
 def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observation]:
     """One Observation per device, from one netlink dump and one read of the records."""
     bonds = list(bonds)
-    links, ipv4 = _links_and_ipv4(b.netdev for b in bonds)
+    links, ipv4, ipv6 = _links_and_addresses(b.netdev for b in bonds)
     held = holders(cfg.data_dir)
     present = set(sysfs.list_devices(cfg.sysfs_root))
     out: dict[str, Observation] = {}
@@ -229,6 +240,7 @@ def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observati
             link_up=bool(flags & IFF_UP),
             carrier=bool(flags & IFF_LOWER_UP),
             ipv4=tuple(ipv4.get(index, ())) if link is not None else (),
+            ipv6=tuple(ipv6.get(index, ())) if link is not None else (),
             uverbs_node=uverbs,
             uverbs_ok=bool(uverbs) and is_char_device(uverbs),
             holders=held.get(bond.netdev, ()),
