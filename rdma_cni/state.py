@@ -119,6 +119,10 @@ class AttachmentRecord:
     ipam_result: dict[str, Any] | None = None
     created: float = field(default_factory=time.time)
     schema: int = SCHEMA_VERSION
+    # The pod as the runtime named it in CNI_ARGS (K8S_POD_NAMESPACE/K8S_POD_NAME; "" when it did
+    # not): what an operator looks for in cni-tool state and in the agent's metrics labels.
+    pod_namespace: str = ""
+    pod_name: str = ""
 
     @property
     def key(self) -> Attachment:

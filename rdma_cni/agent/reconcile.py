@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rdma_cni.agent import metrics_events
 from rdma_cni.agent.plugins import Registry
 
 log = logging.getLogger("rdma-agent")
@@ -89,10 +90,12 @@ class Reconciler:
 
     def run(self) -> None:
         """One pass over every known network; runs in a forked worker of the agent."""
-        restored = 0
+        restored = failed = 0
         for data_dir, nets in self._by_data_dir():
-            restored += self._reconcile_dir(data_dir, nets)
+            done, bad = self._reconcile_dir(data_dir, nets)
+            restored, failed = restored + done, failed + bad
         log.info("reconcile: %d attachment(s) with a vanished netns given back to the host", restored)
+        metrics_events.report_reconcile(restored, failed)
 
     def _by_data_dir(self) -> Iterator[tuple[str, dict[str, Network]]]:
         from rdma_cni.cni.errors import CniError
@@ -110,11 +113,12 @@ class Reconciler:
             groups.setdefault(data_dir, {}).setdefault(net.name, net)
         yield from groups.items()
 
-    def _reconcile_dir(self, data_dir: str, nets: dict[str, Network]) -> int:
+    def _reconcile_dir(self, data_dir: str, nets: dict[str, Network]) -> tuple[int, int]:
+        """(attachments given back, DELs that failed) for one data dir."""
         from rdma_cni.net.netns import netns_inode
         from rdma_cni.state import NodeState
 
-        restored = 0
+        restored = failed = 0
         for rec in NodeState(data_dir).attachments():
             if not os.path.isdir(os.path.dirname(rec.netns) or "/nonexistent"):
                 log.error(
@@ -130,7 +134,9 @@ class Reconciler:
             net = nets.get(rec.network) or next(iter(nets.values()))
             if self._delete(rec.container_id, rec.ifname, rec.netns, net):
                 restored += 1
-        return restored
+            else:
+                failed += 1
+        return restored, failed
 
     def _delete(self, container_id: str, ifname: str, netns: str, net: Network) -> bool:
         """The plugin's own DEL, as containerd's second DEL sends it (no netns, no prevResult)."""

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rdma_cni.agent import namespaces, prefault, worker
+from rdma_cni.agent import metrics_events, namespaces, prefault, worker
 from rdma_cni.agent.plugins import Registry
 
 log = logging.getLogger("rdma-agent")
@@ -51,6 +51,7 @@ PREFAULT_BUSY_LIMIT = 6
 # the copying would only take CPU from the calls it is meant to speed up. For the same reason it
 # copies under SCHED_IDLE: only on a CPU nothing else wants (prefault_when_idle).
 PREFAULT_DELAY = 0.005
+METRICS_RESPAWN = 1.0  # seconds between two starts of the metrics process (one that keeps dying)
 WARM_MODULES = (
     "rdma_cni.cni.dispatch",
     "rdma_cni.plugins.macvlan",
@@ -92,6 +93,13 @@ class Agent:
     served: set[int] = field(default_factory=set)  # workers that have served a call (live ones)
     idle_since: dict[int, float] = field(default_factory=dict)  # monotonic time each went idle
     jobs: set[int] = field(default_factory=set)  # reconcile passes
+    # The metrics process's body (metrics_server.serve, bound); None without --metrics-address.
+    metrics: Callable[[], None] | None = None
+    # Sockets only the metrics process keeps (its HTTP listener, the events' receiving end): every
+    # other child closes them at once, so a worker that outlives a killed agent holds no port.
+    metrics_sockets: list[socket.socket] = field(default_factory=list)
+    _metrics_pid: int = 0
+    _metrics_next: float = 0.0  # monotonic time before which a dead metrics process is not replaced
     anchors: namespaces.CodeAnchors = field(default_factory=dict)
     _events: tuple[int, int] = (-1, -1)  # pipe: +pid when a worker takes a call, -pid when idle again
     _listener: socket.socket | None = None
@@ -191,6 +199,7 @@ class Agent:
                 self.reap()
                 self.top_up()
                 self.trim()
+                self.keep_metrics()
                 if time.monotonic() >= next_reconcile:
                     self.spawn_reconcile()
                     interval = self.config.reconcile_interval
@@ -324,6 +333,7 @@ class Agent:
         except OSError:
             return
         log.warning("%d workers busy: refusing a call (it runs in-process)", len(self.busy))
+        metrics_events.report_refused()
         try:
             conn.sendall(b"N")
         except OSError:
@@ -331,12 +341,21 @@ class Agent:
         finally:
             conn.close()
 
+    def keep_metrics(self) -> None:
+        """Start the metrics process, and replace it (at most once a second) when it died: the
+        listener stays open here meanwhile, so a scrape then waits in its backlog, and the events
+        sent meanwhile wait in the channel."""
+        if self.metrics is None or self._metrics_pid or time.monotonic() < self._metrics_next:
+            return
+        self._metrics_next = time.monotonic() + METRICS_RESPAWN
+        self._metrics_pid = self._fork(self.metrics, die_with_parent=True, metrics=True)
+
     def spawn_reconcile(self) -> None:
         if self.reconcile is None:
             return
         self.jobs.add(self._fork(self.reconcile))
 
-    def _fork(self, body: Callable[[], None], die_with_parent: bool = False) -> int:
+    def _fork(self, body: Callable[[], None], die_with_parent: bool = False, metrics: bool = False) -> int:
         parent = os.getpid()
         pid = os.fork()
         if pid:
@@ -345,6 +364,9 @@ class Agent:
         # only way out of a forked child that must not run the parent's cleanup.
         code = 0
         try:
+            if not metrics:
+                for sock in self.metrics_sockets:
+                    sock.close()  # this child's copy only
             if die_with_parent:
                 namespaces.die_with_parent(True)
                 if os.getppid() != parent:
@@ -371,6 +393,14 @@ class Agent:
                     group.discard(pid)
                     self.served.discard(pid)
                     self.idle_since.pop(pid, None)
+        if self._metrics_pid:
+            try:
+                done, status = os.waitpid(self._metrics_pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = self._metrics_pid, 0
+            if done:
+                log.warning("metrics process %d ended (%s): replacing it", done, _how(status))
+                self._metrics_pid = 0
 
     def _on_stop(self, signum: int, _frame: object) -> None:
         log.info("signal %d: stopping (running workers finish their calls)", signum)
@@ -378,6 +408,13 @@ class Agent:
 
     def close(self) -> None:
         """Remove the socket only if it is still ours (a newer agent may have replaced it)."""
+        if self._metrics_pid:
+            try:
+                os.kill(self._metrics_pid, signal.SIGTERM)
+                os.waitpid(self._metrics_pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self._metrics_pid = 0
         if self._listener is not None:
             try:
                 if self._inode is not None and _socket_inode(self.config.socket_path) == self._inode:
@@ -471,6 +508,12 @@ def _may_idle_and_return() -> bool:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+def _how(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit {os.waitstatus_to_exitcode(status)}"
 
 
 def _socket_inode(path: str) -> int | None:

@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 
-from rdma_cni.agent import namespaces, wire
+from rdma_cni.agent import metrics_events, namespaces, wire
 from rdma_cni.agent.plugins import Registry, UnknownPlugin
 
 log = logging.getLogger("rdma-agent")
@@ -63,6 +63,9 @@ def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnch
     except OSError as exc:  # the runtime killed the client: the call ran all the same
         sent = exc
     elapsed = (time.monotonic() - started) * 1000
+    # After the answer went out: counting is never on the call's path (and a call whose client
+    # left ran all the same, so it counts too).
+    metrics_events.report_call(plugin, env.get("CNI_COMMAND", ""), code, elapsed / 1000)
     call = f"{plugin} {env.get('CNI_COMMAND')} {env.get('CNI_CONTAINERID', '')}/{env.get('CNI_IFNAME', '')}"
     if sent is not None:
         log.info("%s finished after its client left: %s", call, sent)

@@ -1,6 +1,7 @@
 """``rdma-agent``: the node daemon that answers CNI calls warm (see :mod:`rdma_cni.agent`).
 
 rdma-agent [--socket /run/rdma-cni/agent.sock] [--reconcile-interval 60] [--conf FILE ...]
+           [--metrics-address HOST:PORT]
 rdma-agent --probe [--socket ...]   exit 0 when an agent answers a CNI VERSION call on the socket
 """
 
@@ -63,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="idle workers do not take their copy-on-write faults ahead of a call (less memory, "
         "slower calls)",
     )
+    ap.add_argument(
+        "--metrics-address",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (e.g. 0.0.0.0:9513); default: none",
+    )
     ap.add_argument("--log-file", default="")
     ap.add_argument("--log-level", default="info")
     ap.add_argument(
@@ -104,6 +111,49 @@ def _configure_logging(log_file: str, level: str) -> None:
         logger.addHandler(handler)
 
 
+METRICS_FILE = "agent-metrics.json"  # beside the socket: where cni-tool doctor finds the endpoint
+
+
+def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object]:
+    """Bind the metrics address before anything is published (a bad one stops the agent with the
+    reason) and give the agent the body of its metrics process. Returns the endpoint's record."""
+    import os
+
+    from rdma_cni.agent import metrics_events
+    from rdma_cni.agent.metrics_address import listen, url_of
+    from rdma_cni.agent.reconcile import Reconciler
+
+    assert isinstance(reconciler, Reconciler)
+    try:
+        listener = listen(address)
+    except ValueError as exc:
+        sys.exit(f"rdma-agent: {exc}")
+    except OSError as exc:
+        sys.exit(f"rdma-agent: --metrics-address {address}: cannot listen: {exc}; choose a free port")
+    events = metrics_events.open_channel()
+
+    def body() -> None:
+        # Imported here, in the metrics process only: the parent and its workers never load it.
+        from rdma_cni.agent.metrics_node import NodeCollector, sources_of
+        from rdma_cni.agent.metrics_server import serve
+
+        serve(listener, events, NodeCollector(lambda: sources_of(n.conf for n in reconciler.networks())))
+
+    agent.metrics = body
+    agent.metrics_sockets = [listener, events]
+    return {"address": address, "url": url_of(listener), "pid": os.getpid()}
+
+
+def _note_metrics(record: dict[str, object], socket_path: str) -> None:
+    """The endpoint beside the socket, for cni-tool doctor (which cannot know the agent's flags)."""
+    import os
+
+    from rdma_cni import durable
+
+    path = os.path.join(os.path.dirname(os.path.abspath(socket_path)), METRICS_FILE)
+    durable.atomic_write_json(path, record, mode=0o644, dir_mode=0o755, sync=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.probe:
@@ -135,12 +185,16 @@ def main(argv: list[str] | None = None) -> None:
         targets=targets,
     )
     agent = Agent(config)
-    agent.reconcile = Reconciler(agent.registry, args.conf, args.conf_dir, args.cni_path).run
+    reconciler = Reconciler(agent.registry, args.conf, args.conf_dir, args.cni_path)
+    agent.reconcile = reconciler.run
     served = agent.warm_up()
+    metrics = _metrics(agent, reconciler, args.metrics_address) if args.metrics_address else None
     try:
         agent.bind()
     except (RuntimeError, OSError) as exc:
         sys.exit(f"rdma-agent: cannot serve {args.socket}: {exc}")
+    if metrics is not None:
+        _note_metrics(metrics, args.socket)
     log.info("serving %s on %s", ", ".join(served) or "no plugin", args.socket)
     agent.serve()
 

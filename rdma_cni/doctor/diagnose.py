@@ -5,7 +5,7 @@ kubelet allocated (per bond: kubelet's pod vs the pod holding the IP), the kubel
 
 from __future__ import annotations
 
-from rdma_cni.doctor import deviceplugin, host_checks, install_checks, rdma_checks, state_checks
+from rdma_cni.doctor import deviceplugin, host_checks, install_checks, metrics_checks, rdma_checks, state_checks
 from rdma_cni.doctor.findings import Finding
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot, observe
 
@@ -21,6 +21,7 @@ CHECKS = (
     deviceplugin.check_plugin,
     deviceplugin.check_allocations,
     host_checks.check_topology_manager,
+    metrics_checks.check_metrics,
 )
 
 

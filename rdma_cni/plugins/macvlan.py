@@ -94,6 +94,7 @@ class MacvlanPlugin:
         rec = AttachmentRecord(
             container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=ns.inode,
             cni_version=req.cni_version, network=req.name, ipam=cfg.ipam,
+            pod_namespace=req.args.get("K8S_POD_NAMESPACE", ""), pod_name=req.args.get("K8S_POD_NAME", ""),
         )
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
