@@ -344,6 +344,13 @@ def test_call_events_through_the_workers_channel() -> None:
     assert get("rdma_cni_metrics_malformed_events_total") == 1
 
 
+def test_the_cni_code_of_a_failed_call_comes_from_its_answer() -> None:
+    assert metrics_events.cni_code(0, "{}") == 0
+    assert metrics_events.cni_code(1, '{"cniVersion": "1.0.0", "code": 11, "msg": "no free bond"}') == 11
+    assert metrics_events.cni_code(1, "not json") == 1
+    assert metrics_events.cni_code(2, '{"code": "7"}') == 2
+
+
 def test_reporting_without_a_channel_or_reader_never_blocks() -> None:
     metrics_events.report_call("rdma-macvlan", "ADD", 0, 0.001)  # no channel: a no-op
     rx = metrics_events.open_channel()

@@ -54,8 +54,21 @@ def _send(event: dict[str, Any]) -> None:
         pass
 
 
+def cni_code(exit_code: int, stdout: str) -> int:
+    """The CNI error code of a failed call (its stdout's ``code``; a plugin exits 1 whatever the
+    error), 0 for a success, the exit code when the answer carries none."""
+    if exit_code == 0:
+        return 0
+    try:
+        code = json.loads(stdout).get("code")
+    except (ValueError, AttributeError):
+        return exit_code
+    return code if isinstance(code, int) and not isinstance(code, bool) and code else exit_code
+
+
 def report_call(plugin: str, verb: str, code: int, seconds: float) -> None:
-    """A call a worker served: its plugin, verb, exit code and duration from GO to the answer."""
+    """A call a worker served: its plugin, verb, CNI error code (0: success) and duration from GO
+    to the answer."""
     _send({"e": "call", "plugin": plugin, "verb": verb, "code": code, "s": round(seconds, 6)})
 
 

@@ -65,7 +65,8 @@ def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnch
     elapsed = (time.monotonic() - started) * 1000
     # After the answer went out: counting is never on the call's path (and a call whose client
     # left ran all the same, so it counts too).
-    metrics_events.report_call(plugin, env.get("CNI_COMMAND", ""), code, elapsed / 1000)
+    metrics_events.report_call(plugin, env.get("CNI_COMMAND", ""), metrics_events.cni_code(code, stdout),
+                               elapsed / 1000)
     call = f"{plugin} {env.get('CNI_COMMAND')} {env.get('CNI_CONTAINERID', '')}/{env.get('CNI_IFNAME', '')}"
     if sent is not None:
         log.info("%s finished after its client left: %s", call, sent)
