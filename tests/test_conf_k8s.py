@@ -236,6 +236,24 @@ def test_agent_runs_the_nodes_installed_bundle_with_real_flags() -> None:
     assert agent["readinessProbe"]["timeoutSeconds"] > probe_args.probe_timeout
 
 
+def test_agent_serves_metrics_on_the_named_port_the_annotations_point_at() -> None:
+    from rdma_cni.agent.metrics_address import listen
+    from rdma_cni.cli.agent import parse_args
+
+    ds = _daemonset()
+    agent = _container(ds, "rdma-agent")
+    args = parse_args(agent["args"])
+    host, _, port = args.metrics_address.rpartition(":")
+    assert host == "0.0.0.0"  # hostNetwork: the node's addresses, where Prometheus reaches it
+    (named,) = [p for p in agent["ports"] if p["name"] == "metrics"]
+    assert named["containerPort"] == named["hostPort"] == int(port) and named["protocol"] == "TCP"
+    notes = ds["spec"]["template"]["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true"
+    assert notes["prometheus.io/port"] == port and notes["prometheus.io/path"] == "/metrics"
+    with pytest.raises(ValueError, match="--metrics-address"):
+        listen(args.metrics_address.replace(port, "0"))
+
+
 def test_agent_mounts_are_the_node_paths_it_and_its_workers_use() -> None:
     from rdma_cni.plugins.macvlan_config import parse_config
 
