@@ -5,7 +5,14 @@ kubelet allocated (per bond: kubelet's pod vs the pod holding the IP), the kubel
 
 from __future__ import annotations
 
-from rdma_cni.doctor import deviceplugin, host_checks, install_checks, metrics_checks, rdma_checks, state_checks
+from rdma_cni.doctor import (
+    deviceplugin,
+    host_checks,
+    install_checks,
+    metrics_checks,
+    rdma_checks,
+    state_checks,
+)
 from rdma_cni.doctor.findings import Finding
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot, observe
 
