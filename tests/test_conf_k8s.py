@@ -237,7 +237,7 @@ def test_agent_runs_the_nodes_installed_bundle_with_real_flags() -> None:
 
 
 def test_agent_serves_metrics_on_the_named_port_the_annotations_point_at() -> None:
-    from rdma_cni.agent.metrics_address import listen
+    from rdma_cni.agent.metrics.address import listen
     from rdma_cni.cli.agent import parse_args
 
     ds = _daemonset()

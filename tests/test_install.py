@@ -649,6 +649,42 @@ def test_installed_plugins_answer_version_through_the_client_with_and_without_an
         assert probe.returncode == 1 and "no agent answered" in probe.stderr
 
 
+def test_installed_agent_serves_metrics_from_the_frozen_bundle(bundle: Path, tmp_path: Path) -> None:
+    """The frozen rdma-agent carries prometheus_client and the collector: --metrics-address answers
+    /metrics with every section read (in a netns of its own: a loopback port, nothing else)."""
+    if os.geteuid() != 0:
+        pytest.skip("rdma-agent serves root only; the netns needs root")
+    bin_dir = _installed(bundle, tmp_path / "root")
+    ns = f"h13-bundle-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    agent = None
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        sock = tmp_path / "run" / "agent.sock"
+        argv = ["ip", "netns", "exec", ns, str(bin_dir / "rdma-cni.d/current/rdma-cni"), "rdma-agent",
+                "--socket", str(sock), "--reconcile-interval", "-1", "--conf-dir", str(tmp_path / "none"),
+                "--metrics-address", "127.0.0.1:9513"]
+        agent = subprocess.Popen(argv, env=bare_env(tmp_path), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        _wait_for(sock.exists, "its socket", agent)
+        note = json.loads((tmp_path / "run" / "agent-metrics.json").read_text())
+        assert note["url"] == "http://127.0.0.1:9513/metrics"
+        fetch = [str(bin_dir / "rdma-cni.d/current/rdma-cni"), "cni-tool", "doctor", "--json",
+                 "--netns", f"/run/netns/{ns}", "--run-dir", str(tmp_path / "run")]
+
+        def answered() -> bool:
+            out = _run(fetch, env=bare_env(tmp_path, RDMA_CNI_AGENT_SOCKET=str(sock))).stdout
+            found = [f for f in json.loads(out or "{}").get("findings", []) if f["check"] == "metrics"]
+            return bool(found) and found[0]["status"] == "OK"
+
+        _wait_for(answered, "cni-tool doctor to see /metrics answer", agent, timeout=60)
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.wait(timeout=30)
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def test_build_without_a_c_compiler_stops_before_freezing(tmp_path: Path) -> None:
     out = tmp_path / "dist"
     proc = _run(

@@ -20,9 +20,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rdma_cni.agent import metrics_events
-from rdma_cni.agent.metrics_node import NodeCollector, Sources, sources_of
-from rdma_cni.agent.metrics_server import CallMetrics
+from rdma_cni.agent.metrics import events as metrics_events
+from rdma_cni.agent.metrics.node import NodeCollector, Sources, sources_of
+from rdma_cni.agent.metrics.server import CallMetrics
 from rdma_cni.net.netns import entered, open_netns
 from rdma_cni.rdma.counters import read_counters
 from rdma_cni.rdma.sysfs import gid_for_ip

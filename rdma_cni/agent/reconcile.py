@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rdma_cni.agent import metrics_events
+from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry
 
 log = logging.getLogger("rdma-agent")

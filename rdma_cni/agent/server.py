@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rdma_cni.agent import metrics_events, namespaces, prefault, worker
+from rdma_cni.agent import namespaces, prefault, worker
+from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry
 
 log = logging.getLogger("rdma-agent")

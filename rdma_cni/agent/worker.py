@@ -17,7 +17,8 @@ import struct
 import sys
 import time
 
-from rdma_cni.agent import metrics_events, namespaces, wire
+from rdma_cni.agent import namespaces, wire
+from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry, UnknownPlugin
 
 log = logging.getLogger("rdma-agent")

@@ -119,8 +119,8 @@ def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object
     reason) and give the agent the body of its metrics process. Returns the endpoint's record."""
     import os
 
-    from rdma_cni.agent import metrics_events
-    from rdma_cni.agent.metrics_address import listen, url_of
+    from rdma_cni.agent.metrics import events as metrics_events
+    from rdma_cni.agent.metrics.address import listen, url_of
     from rdma_cni.agent.reconcile import Reconciler
 
     assert isinstance(reconciler, Reconciler)
@@ -134,8 +134,8 @@ def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object
 
     def body() -> None:
         # Imported here, in the metrics process only: the parent and its workers never load it.
-        from rdma_cni.agent.metrics_node import NodeCollector, sources_of
-        from rdma_cni.agent.metrics_server import serve
+        from rdma_cni.agent.metrics.node import NodeCollector, sources_of
+        from rdma_cni.agent.metrics.server import serve
 
         serve(listener, events, NodeCollector(lambda: sources_of(n.conf for n in reconciler.networks())))
 

@@ -2,8 +2,9 @@
 
 An attachment (container, ifname) pins bonds; while its pod netns lives, the bonds' addresses are
 *lent* to it. When that netns is gone and no DEL came, the addresses are *missing* from the host
-until DEL or GC gives them back. The pod's namespace/name comes from the runtime's libcni result
-cache (its ``cniArgs``), the only place a CNI plugin sees it recorded.
+until DEL or GC gives them back. The pod's namespace/name is the record's (the CNI_ARGS the
+runtime passed ADD), or for records written before ADD kept it, the runtime's libcni result cache's
+(its ``cniArgs``).
 
     inv = inventory(observe(NodePaths()))
     print(render_inventory(inv))
@@ -42,7 +43,8 @@ def _attachment(snap: NodeSnapshot, rec: AttachmentRecord) -> dict[str, Any]:
     return {
         "containerId": rec.container_id,
         "ifname": rec.ifname,
-        "pod": pod_names(snap.paths.results_dirs, rec.container_id),
+        "pod": f"{rec.pod_namespace}/{rec.pod_name}" if rec.pod_name
+        else pod_names(snap.paths.results_dirs, rec.container_id),
         "network": rec.network,
         "netns": rec.netns,
         "netnsAlive": alive,

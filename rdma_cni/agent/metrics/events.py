@@ -1,7 +1,7 @@
 """What the agent's processes tell its metrics process: one datagram per finished CNI call, per
 reconcile pass, per refused call.
 
-The counts live in the metrics process (``metrics_server``), but the calls run in forked workers
+The counts live in the metrics process (``server``), but the calls run in forked workers
 and reconcile in forked jobs, each gone after a while: so each sends one small JSON datagram on a
 ``SOCK_DGRAM`` socketpair the agent creates before it forks anything. A socketpair's datagrams are
 bounded by the socket buffer (~200 KiB: thousands of events), not by ``max_dgram_qlen``, and the

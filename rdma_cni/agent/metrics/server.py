@@ -16,8 +16,8 @@ at nice 19 and warm ADD p50 was unchanged within the noise (ratio scraped/not 0.
 niceness needs no privilege (SCHED_IDLE would need CAP_SYS_NICE to undo and gives nearly the same
 weight: 3 against nice 19's 15).
 
-The counts of calls arrive as datagrams (:mod:`rdma_cni.agent.metrics_events`) from the workers
-and reconcile jobs; everything else is read from the node at scrape time (:mod:`metrics_node`).
+The counts of calls arrive as datagrams (:mod:`rdma_cni.agent.metrics.events`) from the workers
+and reconcile jobs; everything else is read from the node at scrape time (:mod:`node`).
 Calls that ran in-process because no agent answered are not counted: they never pass here (the
 refusals the agent itself answered are, in ``rdma_cni_agent_refused_calls_total``).
 """
@@ -35,9 +35,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
-from rdma_cni.agent import metrics_events
-from rdma_cni.agent.metrics_address import url_of
-from rdma_cni.agent.metrics_events import Call, Event, Reconcile, Refused
+from rdma_cni.agent.metrics import events as metrics_events
+from rdma_cni.agent.metrics.address import url_of
+from rdma_cni.agent.metrics.events import Call, Event, Reconcile, Refused
 
 log = logging.getLogger("rdma-agent")
 
