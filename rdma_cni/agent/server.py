@@ -94,7 +94,7 @@ class Agent:
     served: set[int] = field(default_factory=set)  # workers that have served a call (live ones)
     idle_since: dict[int, float] = field(default_factory=dict)  # monotonic time each went idle
     jobs: set[int] = field(default_factory=set)  # reconcile passes
-    # The metrics process's body (metrics_server.serve, bound); None without --metrics-address.
+    # The metrics process's body (metrics.server.serve, bound); None without --metrics-address.
     metrics: Callable[[], None] | None = None
     # Sockets only the metrics process keeps (its HTTP listener, the events' receiving end): every
     # other child closes them at once, so a worker that outlives a killed agent holds no port.
