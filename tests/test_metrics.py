@@ -231,6 +231,21 @@ def test_device_plugin_status_is_read_on_every_scrape(sim: tuple[netns.Node, str
     assert value(reg, "rdma_cni_device_plugin_allocations_total") == 9
     assert value(reg, "rdma_cni_device_plugin_devices", health="healthy") == 0
 
+    # The device plugin's own writer (rdma_cni.deviceplugin.status) speaks the same contract.
+    from rdma_cni.deviceplugin.status import StatusFile, status_path
+
+    written = StatusFile(status_path(n.run_dir), RESOURCE)
+    written.registered("tke-shared-rdma-1.sock")
+    written.count_allocations(4)
+    written.update(devices=[{"id": "mlx5_bond_3", "netdev": "bond3", "numa": None, "healthy": False,
+                             "reason": "no IPv4"}])
+    reg = scrape()
+    assert value(reg, "rdma_cni_device_plugin_registered", resource=RESOURCE) == 1
+    assert value(reg, "rdma_cni_device_plugin_registrations_total") == 1
+    assert value(reg, "rdma_cni_device_plugin_allocations_total") == 4
+    assert value(reg, "rdma_cni_device_plugin_devices", health="unhealthy") == 1
+    assert value(reg, "rdma_cni_device_plugin_device_healthy", device="mlx5_bond_3", netdev="bond3") == 0
+
     Path(path).write_text('{"registered": tru')  # torn by hand: not readable, nothing else served
     reg = scrape()
     assert value(reg, "rdma_cni_device_plugin_status_readable", path=path) == 0

@@ -215,9 +215,10 @@ def test_prometheus_sees_the_bond_lent_to_the_pod_then_back_on_the_host(
     }
     assert prom.values('rdma_cni_state_records{phase="added"}') == {(("phase", "added"),): 1.0}
     add = '{plugin="rdma-macvlan",verb="ADD"}'
-    assert prom.values(f'rdma_cni_cni_calls_total{add[:-1]},result="ok"}}') == {
+    # The worker reports the call after answering it, so a scrape may see the pod before the count.
+    wait_for("the ADD counted", lambda: prom.values(f'rdma_cni_cni_calls_total{add[:-1]},result="ok"}}') == {
         (("plugin", "rdma-macvlan"), ("result", "ok"), ("verb", "ADD")): 1.0
-    }
+    })
     assert prom.values(f"rdma_cni_cni_call_duration_seconds_count{add}") == {
         (("plugin", "rdma-macvlan"), ("verb", "ADD")): 1.0
     }
