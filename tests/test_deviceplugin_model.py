@@ -24,6 +24,7 @@ from netns import Node, sh
 from rdma_cni.deviceplugin import allocation, inventory
 from rdma_cni.deviceplugin.allocation import AllocationError, allocate, preferred
 from rdma_cni.deviceplugin.config import PluginConfig, load_config
+from rdma_cni.deviceplugin.health import Holder
 from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot
 from rdma_cni.net.netns import entered, open_netns
 from rdma_cni.sim import devnodes, tree
@@ -401,3 +402,33 @@ def test_gid_index_env_is_read_at_allocate_time_and_unset_when_bonds_disagree(
     assert "NCCL_IB_GID_INDEX" not in env and "UCX_IB_GID_INDEX" not in env
     assert "mlx5_bond_0=3, mlx5_bond_1=5" in caplog.text
     assert env["NCCL_IB_HCA"] == "=mlx5_bond_0,mlx5_bond_1"
+
+
+def test_records_are_read_again_only_when_their_directory_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torn record is logged once, not on every rescan; a new record is seen at the next one."""
+    from rdma_cni.state import AttachmentRecord, BondRecord, NodeState
+
+    st = NodeState(str(tmp_path))
+    st.ensure()
+    torn = os.path.join(st.dir, "dead@net1.json")
+    with open(torn, "w") as f:
+        f.write('{"schema": 1, "container_id"')
+
+    def age() -> None:  # as if the last write was a while ago (the cache trusts a settled dir only)
+        past = os.stat(st.dir).st_mtime - 5
+        os.utime(st.dir, (past, past))
+
+    age()
+    with caplog.at_level(logging.ERROR, logger="rdma_cni.state"):
+        assert inventory.holders(str(tmp_path)) == {}
+        assert inventory.holders(str(tmp_path)) == {}
+    assert caplog.text.count("dead@net1.json") == 1
+    rec = AttachmentRecord("c1", "net1", "/run/netns/h2-gone", 0,
+                           bonds=[BondRecord("bond0", 7, "bond0", "mvtmp0")])
+    st.put(rec)
+    assert inventory.holders(str(tmp_path)) == {"bond0": (Holder("c1", "/run/netns/h2-gone", False),)}
+    age()
+    os.unlink(st.path("c1", "net1"))
+    assert inventory.holders(str(tmp_path)) == {}

@@ -21,12 +21,17 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from rdma_cni.deviceplugin.config import PluginConfig
 from rdma_cni.deviceplugin.health import Holder, Observation, evaluate
 from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot, natural_key
 from rdma_cni.rdma import sysfs
+
+if TYPE_CHECKING:
+    from rdma_cni.state import AttachmentRecord
 
 __all__ = ["DeviceHealth", "RdmaBond", "Snapshot", "discover", "observe", "scan"]
 
@@ -41,6 +46,7 @@ _NLMSGHDR_SIZE = 16
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 IFF_LOWER_UP = 0x10000  # carrier: for a bond, at least one slave is up
 GONE = "GONE"
+SETTLED_S = 1.0  # a records directory unchanged this long is not being written (see _attachments)
 
 
 # --- sysfs: the devices ------------------------------------------------------------------------------
@@ -208,14 +214,36 @@ def _netns_alive(netns: str, inode: int) -> bool:
     return now is not None and (not inode or now == inode)
 
 
-def holders(data_dir: str) -> dict[str, tuple[Holder, ...]]:
-    """bond netdev -> the attachments (rdma-macvlan's records) that hold its addresses."""
-    from rdma_cni.state import NodeState
+_records: dict[str, tuple[tuple[int, int], list[AttachmentRecord]]] = {}
 
+
+def _attachments(data_dir: str) -> list[AttachmentRecord]:
+    """rdma-macvlan's records, read again only when ``attachments/`` changed: every write there is
+    a rename or an unlink, which moves the directory's mtime. A rescan runs twice a second, and a
+    torn record would otherwise be parsed (and logged as unreadable) on every one of them. The
+    kernel stamps mtimes from a coarse clock (a few ms), so two writes can share one: a directory
+    changed within the last second is always read again."""
+    from rdma_cni.state import ATTACHMENTS_DIR, NodeState
+
+    try:
+        st = os.stat(os.path.join(data_dir, ATTACHMENTS_DIR))
+    except OSError:
+        _records.pop(data_dir, None)
+        return []
+    stamp = (st.st_ino, st.st_mtime_ns)
+    cached = _records.get(data_dir)
+    if cached is not None and cached[0] == stamp and time.time() - st.st_mtime > SETTLED_S:
+        return cached[1]
+    recs = NodeState(data_dir).attachments()
+    _records[data_dir] = (stamp, recs)
+    return recs
+
+
+def holders(data_dir: str) -> dict[str, tuple[Holder, ...]]:
+    """bond netdev -> the attachments (rdma-macvlan's records) that hold its addresses; whether
+    each one's netns is alive is checked every time (a pod can die without a record changing)."""
     out: dict[str, list[Holder]] = {}
-    if not os.path.isdir(data_dir):
-        return {}
-    for rec in NodeState(data_dir).attachments():
+    for rec in _attachments(data_dir):
         alive = _netns_alive(rec.netns, rec.netns_inode)
         for b in rec.bonds:
             out.setdefault(b.bond, []).append(Holder(rec.container_id, rec.netns, alive))
