@@ -24,9 +24,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubelet import Endpoint, TestKubelet
 from netns import REPO, Node, node
 
+from rdma_cni.sim.kubelet import Endpoint, TestKubelet
 from rdma_cni.sim.node import daemon
 
 RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
@@ -48,9 +48,10 @@ class DpNode:
     kubelet: TestKubelet
     bonds: list[str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    plugin: list[str] = field(default_factory=lambda: list(PLUGIN))  # or the bundle's rdma-device-plugin
 
     def argv(self, *extra: str) -> list[str]:
-        return ["ip", "netns", "exec", self.n.name, *PLUGIN,
+        return ["ip", "netns", "exec", self.n.name, *self.plugin,
                 "--kubelet-root-dir", self.kubelet.root, "--sysfs-root", self.sysfs, "--dev-root", self.dev,
                 "--cni-conf", self.conf, "--run-dir", self.run_dir, "--log-file", self.log,
                 "--log-level", "debug", "--rescan-interval", "0.2", *extra]

@@ -18,11 +18,11 @@ from pathlib import Path
 import grpc
 import pytest
 from dpnode import RESOURCE, dp_node, wait_for
-from kubelet import Dev, TestKubelet
 from netns import REPO, can_run
 
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from rdma_cni.sim.kubelet import Dev, TestKubelet
 
 pytestmark = pytest.mark.netns
 

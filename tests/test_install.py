@@ -714,11 +714,8 @@ def test_bundled_device_plugin_registers_with_a_kubelet_without_python(bundle: P
     registers with the test kubelet over real gRPC, lists its device and removes its socket on
     SIGTERM. It runs in this netns, where no bond0 exists: the device is listed Unhealthy."""
     import signal
-    import sys
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from kubelet import TestKubelet
-
+    from rdma_cni.sim.kubelet import TestKubelet
     from rdma_cni.sim.tree import SimBond, build_tree
 
     assert os.readlink(bundle / "rdma-device-plugin") == "rdma-cni"

@@ -77,6 +77,17 @@ def test_demo_shows_the_pod_the_gids_the_ping_and_restores_the_node() -> None:
         "OK   gid-index-unified",
         "0 warnings, 0 failures",
         "-> node restored",
+        # the device plugin: registered, capacity, NUMA, the pod's allocation, a clean stop
+        "kubelet: registered tke.cloud.tencent.com/tke-shared-rdma from tke-shared-rdma-",
+        "-> node capacity tke.cloud.tencent.com/tke-shared-rdma: 4, allocatable: 4",
+        "mlx5_bond_3  Healthy   NUMA node 1",
+        "GetPreferredAllocation -> mlx5_bond_0, mlx5_bond_1",
+        "/dev/infiniband/uverbs1    <- ",
+        "NCCL_IB_HCA==mlx5_bond_0,mlx5_bond_1",
+        "NCCL_IB_GID_INDEX=3",
+        "kubelet device checkpoint: the pod holds mlx5_bond_0, mlx5_bond_1",
+        "OK   device-plugin mlx5_bond_0      bond0, NUMA 0, healthy",
+        "rdma-device-plugin stopped (SIGTERM, exit code 0): its socket removed",
         "demo OK",
     ):
         assert expected in out, f"missing {expected!r} in:\n{out[-6000:]}"

@@ -136,6 +136,16 @@ class Demo:
         self.pods_prefix = f"{self.tag}-pod"  # pod netns names the simulated RDMA node follows
         self.bin_dir = self.tmp / "bin"
         self.conf_dir = self.tmp / "net.d"
+        self.dev_root = str(self.tmp / "dev")
+        self.kubelet_root = self.tmp / "kubelet"
+        self.picked: list[int] = list(range(pod_bonds))  # the bonds kubelet gives the pod (admission)
+
+    def numa(self, i: int) -> int:
+        """NUMA node of NIC i: the first half on node 0, the rest on node 1 (as on a GPU node)."""
+        return 0 if i < (len(self.bonds) + 1) // 2 else 1
+
+    def pod_bond_list(self) -> list[tuple[int, str]]:
+        return [(i, self.bonds[i]) for i in self.picked]
 
     # ---- the node ------------------------------------------------------------------------------
     def netns(self, name: str) -> None:
@@ -181,12 +191,16 @@ class Demo:
     @contextmanager
     def rdma(self) -> Iterator[None]:
         """The simulated RDMA devices: H3's SimNode with mlx5's GID types (RoCE v1 + v2, so the IPv4
-        RoCE v2 GID sits at index 3 as in the seed), run as its own process like the kernel would be."""
+        RoCE v2 GID sits at index 3 as in the seed), half the NICs on each of 2 NUMA nodes, their
+        uverbs/umad/issm/rdma_cm char devices made under the demo's dev root; run as its own process
+        like the kernel would be."""
         args = [
             self.sysfs,
             ",".join(f"{b}:mlx5_bond_{i}" for i, b in enumerate(self.bonds)),
             f"/run/netns/{self.node}",
             self.pods_prefix,
+            ",".join(str(self.numa(i)) for i in range(len(self.bonds))),
+            self.dev_root,
         ]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         proc = subprocess.Popen(
@@ -202,6 +216,43 @@ class Demo:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)
             proc.wait(30)
+
+    @contextmanager
+    def device_plugin(self) -> Iterator[Any]:
+        """kubelet (rdma_cni.sim.kubelet: the device manager's side of the v1beta1 API on real unix
+        sockets) and the real rdma-device-plugin process in the node netns; yields kubelet's endpoint
+        once the plugin registered. The plugin is stopped with SIGTERM (it removes its socket)."""
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no C-core INFO lines in the demo's output
+        from rdma_cni.sim.kubelet import TestKubelet
+
+        kubelet = TestKubelet(self.kubelet_root).start()
+        if self.bundle:
+            cmd = [os.path.join(self.bundle, "rdma-device-plugin")]
+        else:
+            cmd = [sys.executable, "-m", "rdma_cni.cli.device_plugin"]
+        cmd = ["ip", "netns", "exec", self.node, *cmd, "--kubelet-root-dir", str(self.kubelet_root),
+               "--sysfs-root", self.sysfs, "--dev-root", self.dev_root,
+               "--cni-conf", str(self.conf_dir / "rdma-multus.d" / "tke-rdma-macvlan.conf"),
+               "--log-file", str(self.tmp / "log" / "rdma-device-plugin.log")]
+        say(f"$ {' '.join(cmd[4:])}")
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            try:
+                ep = kubelet.wait_endpoint(RESOURCE, timeout=60)
+            except AssertionError as exc:
+                raise DemoFailed(f"rdma-device-plugin did not register with kubelet ({exc})") from None
+            yield ep
+            socket = os.path.join(kubelet.dir, ep.endpoint)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            gone = "removed" if not os.path.exists(socket) else "STILL THERE"
+            say(f"rdma-device-plugin stopped (SIGTERM, exit code {proc.returncode}): its socket {gone}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            kubelet.stop()
 
     # ---- the plugins and their configs ----------------------------------------------------------
     def install_plugins(self) -> None:
@@ -274,7 +325,7 @@ class Demo:
 
     def write_device_checkpoint(self, pod_uid: str) -> list[str]:
         """What the kubelet records after the device plugin gave the pod its RDMA NICs."""
-        devices = [f"mlx5_bond_{i}" for i in range(self.pod_bonds)]
+        devices = [f"mlx5_bond_{i}" for i in self.picked]
         entry = {
             "PodUID": pod_uid,
             "ContainerName": "main",
@@ -282,8 +333,8 @@ class Demo:
             "DeviceIDs": {"0": devices},
             "AllocResp": "",
         }
-        path = self.tmp / "kubelet" / "device-plugins" / "kubelet_internal_checkpoint"
-        path.parent.mkdir(parents=True)
+        path = self.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
             json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {}}, "Checksum": 0})
         )
@@ -409,11 +460,12 @@ SIM_NODE = r"""
 import signal, sys, threading
 from rdma_cni.sim.model import MLX5_TYPES
 from rdma_cni.sim.node import SimNode, parse_bonds
-root, bonds, node_netns, prefix = sys.argv[1:5]
+root, bonds, node_netns, prefix, numa, dev_root = sys.argv[1:7]
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the demo, which stops us by pid
-node = SimNode(root, parse_bonds(bonds), node_netns, "/run/netns", prefix, gid_slots=16, gid_types=MLX5_TYPES)
+node = SimNode(root, parse_bonds(bonds, numa, mad=True), node_netns, "/run/netns", prefix, gid_slots=16,
+               gid_types=MLX5_TYPES, rdma_cm=True, dev_root=dev_root)
 with node:
     print("ready", flush=True)
     node.serve(stop)
@@ -472,11 +524,36 @@ def step_node(d: Demo) -> int:
     return host_index
 
 
+def step_device_plugin(d: Demo, ep: Any) -> None:
+    """What kubelet sees (capacity, health, NUMA) and what it gets when it admits the pod."""
+    def ready(devs: list[Any]) -> bool:
+        return len(devs) == len(d.bonds) and all(x.health == "Healthy" for x in devs)
+
+    _, devs = ep.wait_list(ready, 30)
+    healthy = sum(1 for x in devs if x.health == "Healthy")
+    say(f"kubelet: registered {RESOURCE} from {ep.endpoint} (preferred allocation: "
+        f"{ep.options.get_preferred_allocation_available})")
+    say(f"-> node capacity {RESOURCE}: {len(devs)}, allocatable: {healthy}")
+    for x in devs:
+        say(f"   {x.id:<12} {x.health:<9} NUMA node {','.join(map(str, x.numa)) or '-'}")
+    ids = [x.id for x in devs]
+    picks = ep.preferred(ids, [], d.pod_bonds)
+    say(f"kubelet admits a pod asking for {d.pod_bonds}: GetPreferredAllocation -> {', '.join(picks)}")
+    resp = ep.allocate(picks).container_responses[0]
+    say("Allocate -> the container gets only these device nodes (host numbering kept):")
+    for spec in resp.devices:
+        say(f"   {spec.container_path:<26} <- {spec.host_path} ({spec.permissions})")
+    say("   and these environment variables:")
+    for key in sorted(resp.envs):
+        say(f"   {key}={resp.envs[key]}")
+    d.picked = sorted(int(p.rsplit("_", 1)[1]) for p in picks)
+
+
 def step_add(d: Demo) -> dict[str, str]:
-    banner(f"2. Pod {POD['namespace']}/{POD['name']}: {ANNOTATION}: {d.networks}; {RESOURCE}: {d.pod_bonds}")
+    banner(f"3. Pod {POD['namespace']}/{POD['name']}: {ANNOTATION}: {d.networks}; {RESOURCE}: {d.pod_bonds}")
     pod_uid = str(uuid.uuid4())
     devices = d.write_device_checkpoint(pod_uid)
-    say(f"kubelet device checkpoint: the device plugin gave the pod {', '.join(devices)}")
+    say(f"kubelet device checkpoint: the pod holds {', '.join(devices)} (what Allocate was given above)")
     d.netns(d.pod)
     env = d.tool_env(pod_uid)
     d.cni_tool("add", "rdma-multus", f"/run/netns/{d.pod}", env=env)
@@ -484,17 +561,17 @@ def step_add(d: Demo) -> dict[str, str]:
 
 
 def step_pod_view(d: Demo, host_index: int) -> None:
-    banner("3. Inside the pod: eth0 from the cluster network, one interface per bond with the bond's IP")
+    banner("4. Inside the pod: eth0 from the cluster network, one interface per bond with the bond's IP")
     run("ip", "-n", d.pod, "-br", "addr", show=True)
     run("ip", "-n", d.pod, "route", "show", "table", "all", show=True)
     run("ip", "-n", d.pod, "rule", show=True)
     say()
     say("The node meanwhile (the bonds lent to the pod have no IPv4 address now):")
     run("ip", "-n", d.node, "-br", "addr", show=True)
-    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+    for i, bond in d.pod_bond_list():
         d.wait_for(f"the pod's GID on {bond}", partial(_moved, d, i, bond))
     d.cni_tool("gids", "--sysfs-root", d.sysfs)
-    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+    for i, bond in d.pod_bond_list():
         index = gid_index(d, i)
         if index != host_index:
             raise DemoFailed(
@@ -511,20 +588,20 @@ def _moved(d: Demo, i: int, bond: str) -> bool:
 
 
 def step_traffic(d: Demo) -> None:
-    banner("4. Traffic: ping the switch from each of the pod's bond interfaces")
-    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+    banner("5. Traffic: ping the switch from each of the pod's bond interfaces")
+    for i, bond in d.pod_bond_list():
         peer = bond_addr(i)[1].split("/")[0]
         say(f"pod {bond} -> {peer}: reply in {d.ping(bond, peer)} ms")
 
 
 def step_delete(d: Demo, env: dict[str, str], before: dict[str, Any], host_index: int) -> None:
-    banner("6. Delete the pod: the IPs, routes and GIDs go back to the node")
+    banner("7. Delete the pod: the IPs, routes and GIDs go back to the node")
     d.cni_tool("del", "rdma-multus", f"/run/netns/{d.pod}", env=env)
     run("ip", "netns", "del", d.pod)
     d.namespaces.remove(d.pod)
     after = d.host_snapshot()
     run("ip", "-n", d.node, "-br", "addr", show=True)
-    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+    for i, bond in d.pod_bond_list():
         d.wait_for(
             f"the host's GID on {bond}", partial(lambda i, bond: gid_index(d, i, bond) is not None, i, bond)
         )
@@ -532,7 +609,7 @@ def step_delete(d: Demo, env: dict[str, str], before: dict[str, Any], host_index
     if after != before:
         diff = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
         raise DemoFailed(f"the node is not as it was: {json.dumps(diff)[:2000]}")
-    for i, bond in enumerate(d.bonds[: d.pod_bonds]):
+    for i, bond in d.pod_bond_list():
         index = gid_index(d, i, bond)
         if index != host_index:
             raise DemoFailed(f"{bond}'s GID came back at index {index}, it was {host_index}")
@@ -548,13 +625,16 @@ def scenario(d: Demo) -> None:
     with d.rdma():
         host_index = step_node(d)
         before = d.host_snapshot()
-        env = step_add(d)
-        step_pod_view(d, host_index)
-        step_traffic(d)
-        banner("5. What the node says: cni-tool state and cni-tool doctor")
-        d.cni_tool("state", *d.node_options(), check=False)
-        d.cni_tool("doctor", *d.node_options(), check=False)
-        step_delete(d, env, before, host_index)
+        banner(f"2. The device plugin: rdma-device-plugin advertises {RESOURCE} to kubelet")
+        with d.device_plugin() as ep:
+            step_device_plugin(d, ep)
+            env = step_add(d)
+            step_pod_view(d, host_index)
+            step_traffic(d)
+            banner("6. What the node says: cni-tool state and cni-tool doctor")
+            d.cni_tool("state", *d.node_options(), check=False)
+            d.cni_tool("doctor", *d.node_options(), check=False)
+            step_delete(d, env, before, host_index)
 
 
 def main(argv: list[str] | None = None) -> int:

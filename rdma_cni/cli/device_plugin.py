@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
 from typing import Any
 
 from rdma_cni import log as logs
-from rdma_cni.deviceplugin import daemon
 from rdma_cni.deviceplugin.config import (
     ConfigError,
     NetnsModeError,
@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> None:
         require_shared_netns(cfg)
     except NetnsModeError as e:
         _fail(1, str(e))
+    # gRPC's C core logs connection churn (every kubelet restart) at INFO to stderr; our log says
+    # what happened in one line. An explicit GRPC_VERBOSITY still wins. Set before grpc loads.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    from rdma_cni.deviceplugin import daemon
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

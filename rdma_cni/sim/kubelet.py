@@ -1,4 +1,4 @@
-"""A test kubelet: the device manager's side of the v1beta1 device plugin API, on real unix sockets.
+"""A simulated kubelet: the device manager's side of the v1beta1 device plugin API, on real unix sockets.
 
 No registry reachable here ships a kubelet, so this one follows kubelet's code as
 deviceplugin-facts.md 1.4-1.6 describes it, not a convenient subset:
@@ -17,6 +17,8 @@ deviceplugin-facts.md 1.4-1.6 describes it, not a convenient subset:
 
 A PodResources server can be attached (``pod_resources=``: a function that adds its servicer to a
 ``grpc.Server``); it is then served on ``<root>/pod-resources/kubelet.sock``.
+
+The tests and the demo (``scripts/demo``) drive the real plugin process against it.
 
     with TestKubelet(tmp_path / "kubelet") as kubelet:
         ... start the plugin with --kubelet-root-dir <that> ...
