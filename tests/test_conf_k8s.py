@@ -322,15 +322,18 @@ def test_device_plugin_runs_in_its_own_container_with_directory_mounts() -> None
     pod = ds["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
     dp = _container(ds, "rdma-device-plugin")
-    # Not in rdma-agent's process (gRPC threads and forked workers do not mix): its own command.
-    assert dp["command"] == ["/opt/rdma-cni/bundle/rdma-device-plugin"]
-    assert "rdma-device-plugin" not in " ".join(_container(ds, "rdma-agent")["command"])
+    # Not in rdma-agent's process (gRPC threads and forked workers do not mix): its own container,
+    # running the node's installed bundle like the agent (shared pages), from the node's path.
+    agent = _container(ds, "rdma-agent")
+    assert dp["command"] == [agent["command"][0], "rdma-device-plugin"]
+    assert "rdma-device-plugin" not in " ".join(agent["command"] + agent["args"])
     env = {e["name"]: e["value"] for e in dp["env"]}
     assert env["KUBELET_ROOT_DIR"] == "/var/lib/kubelet"
     flags = flags_of(parse_args(_expand(dp["args"], env)))  # argparse exits on a flag it does not have
     # The config it would run with (the node's rdma-macvlan config is not here: its defaults).
     cfg = PluginConfig(**{k: v for k, v in flags.items() if k not in ("log_file", "log_level")})
     mounts = _host_mounts(ds, dp)
+    assert _under(dp["command"][0], mounts) == "/opt/cni/bin"
     # kubelet's socket directories are mounted as directories at their node paths, never socket files.
     assert cfg.device_plugin_dir == "/var/lib/kubelet/device-plugins"
     assert cfg.pod_resources_dir == env["KUBELET_ROOT_DIR"] + "/pod-resources"
