@@ -41,3 +41,4 @@ def run(cfg: PluginConfig, stop: threading.Event) -> None:
     finally:
         stop.set()
         watcher.join(cfg.rescan_interval_s + 2.0)
+        status.close()  # the last state (registered: false) is on disk before the process exits

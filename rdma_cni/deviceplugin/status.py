@@ -16,6 +16,7 @@ Usage::
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,8 @@ from typing import Any
 
 from rdma_cni import durable
 from rdma_cni.deviceplugin.inventory import Snapshot
+
+log = logging.getLogger(__name__)
 
 
 def status_path(run_dir: str) -> str:
@@ -41,18 +44,26 @@ def device_rows(snap: Snapshot) -> list[dict[str, Any]]:
 
 
 class StatusFile:
-    """The document in memory plus its file; ``update`` writes only when a field really changed."""
+    """The document in memory plus its file. ``update`` changes the document (only when a field really
+    changed) and wakes a writer thread, which writes the latest document: an Allocate never waits for
+    a file write, a burst of changes is one write, and readers always get a whole, recent file.
+    ``close`` writes what is pending and stops the writer."""
 
     def __init__(self, path: str, resource_name: str) -> None:
         self.path = path
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._doc: dict[str, Any] = {
             "resourceName": resource_name, "registered": False, "registrations": 0, "endpoint": "",
             "pid": os.getpid(), "updated": 0.0, "allocations": 0, "devices": [],
         }
+        self._version = 0
+        self._closed = False
+        self._failed = False
+        self._writer = threading.Thread(target=self._write_loop, name="dp-status", daemon=True)
+        self._writer.start()
 
     def snapshot(self) -> dict[str, Any]:
-        with self._lock:
+        with self._cond:
             return dict(self._doc)
 
     def update(self, **fields: Any) -> None:
@@ -68,13 +79,41 @@ class StatusFile:
     def count_allocations(self, n: int) -> None:
         self._change(lambda doc: {"allocations": doc["allocations"] + n})
 
+    def close(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._writer.join(timeout)
+
     def _change(self, fields_of: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        """Apply ``fields_of(current)`` and write, all under the lock: concurrent Allocates count right."""
-        with self._lock:
+        """Apply ``fields_of(current)`` under the lock: concurrent Allocates count right."""
+        with self._cond:
             new = {**self._doc, **fields_of(self._doc)}
             if new == self._doc and self._doc["updated"]:
                 return
             new["updated"] = time.time()
             self._doc = new
+            self._version += 1
+            self._cond.notify_all()
+
+    def _write_loop(self) -> None:
+        written = 0
+        while True:
+            with self._cond:
+                while self._version == written and not self._closed:
+                    self._cond.wait()
+                if self._version == written:
+                    return  # closed, nothing pending
+                doc, written = dict(self._doc), self._version
+            self._write(doc)
+
+    def _write(self, doc: dict[str, Any]) -> None:
+        try:
             # Readable by the doctor and the metrics (same node); sync=False: a reader survives its loss.
-            durable.atomic_write_json(self.path, new, mode=0o644, dir_mode=0o755, sync=False)
+            durable.atomic_write_json(self.path, doc, mode=0o644, dir_mode=0o755, sync=False)
+        except OSError as e:  # the doctor loses its view, kubelet loses nothing
+            if not self._failed:
+                log.warning("cannot write %s (%s); the device plugin goes on without it", self.path, e)
+            self._failed = True
+        else:
+            self._failed = False
