@@ -163,3 +163,26 @@ def test_state_and_doctor_show_kubelets_pod_next_to_the_ips_pod_and_fail_a_misma
     fixed = cni_tool(p, "state", *extra)
     assert fixed.returncode == 0, fixed.stdout
     assert "FAIL" not in fixed.stdout and "WARN" not in fixed.stdout
+
+
+def test_a_pod_with_opaque_devices_and_no_bond_warns_in_doctor_and_state(
+    node: netns.Node, tmp_path: Path, kubelet: PodResourcesServer
+) -> None:
+    """A shared plugin's IDs name no bond: a pod holding some but no bond's IP has no RDMA network."""
+    p = setup(node, tmp_path, kubelet)
+    pod = node.pod()
+    node.ip("addr", "flush", "dev", "bond0")
+    pin(node, "c0ffee", "bond0", "198.51.100.2/28", pod.path)
+    named(p, "c0ffee", "with-rdma")
+    kubelet.set_pod("default", "with-rdma", {"c": {RESOURCE: ["0"]}})
+    kubelet.set_pod("default", "no-rdma", {"c": {RESOURCE: ["1", "2"]}})
+    kubelet.set_pod("default", "plain", {"c": {}})
+    findings = run_checks(observe(p))
+    alloc = [f for f in findings if f.check.startswith("allocation")]
+    assert [(f.check, f.status) for f in alloc] == [("allocation default/no-rdma", WARN)], alloc
+    assert "holds 2" in alloc[0].detail and "no RDMA interface" in alloc[0].detail
+    assert "tke-rdma-macvlan" in alloc[0].fix
+    assert exit_code(findings) == 0
+    out = cni_tool(p, "state", "--pod-resources-dir", os.path.dirname(kubelet.socket))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "WARN pod default/no-rdma holds 2" in out.stdout

@@ -131,3 +131,23 @@ def test_importing_the_client_or_multus_loads_no_grpc() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": REPO})  # fmt: skip
     assert json.loads(proc.stdout) == []
+
+
+def test_a_call_leaves_no_thread_and_no_descriptor(short_dir: str) -> None:
+    """An rdma-agent worker serves more calls only when a call left nothing behind, and setns into
+    the next caller's mount namespace needs a single-threaded process: gRPC must leave neither."""
+    code = (
+        "import os, sys, json\n"
+        "def seen(): return len(os.listdir('/proc/self/task')), len(os.listdir('/proc/self/fd'))\n"
+        "before = seen()\n"
+        "from rdma_cni.kube import podresources\n"
+        "got = podresources.pod_devices(sys.argv[1], 'default', 'ibv-app-0')\n"
+        "podresources.list_pods(sys.argv[1])\n"
+        "print(json.dumps({'before': before, 'after': seen(), 'got': got}))"
+    )
+    with serve(short_dir) as kubelet:
+        proc = subprocess.run([sys.executable, "-c", code, kubelet.socket], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONPATH": REPO})  # fmt: skip
+    out = json.loads(proc.stdout)
+    assert out["got"] == EXPECTED
+    assert out["after"] == out["before"] == [1, out["before"][1]], out

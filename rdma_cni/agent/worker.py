@@ -196,6 +196,9 @@ def unfit_for_another_call(home: namespaces.Home, fds: int) -> str:
         return f"cannot return to the agent's namespaces: {exc}"
     if threading.active_count() != 1:
         return f"the call left {threading.active_count() - 1} thread(s) running"
+    native = len(os.listdir("/proc/self/task"))  # also threads Python does not know (gRPC's core)
+    if native != 1:
+        return f"the call left {native - 1} native thread(s) running"
     now = open_fds()
     if now != fds:
         return f"the call left {now - fds} descriptor(s) open"

@@ -332,9 +332,39 @@ def snapshot_allocations(snap: NodeSnapshot) -> list[BondAllocation]:
     return bond_allocations(snap.device_plugin, bonds, pins, pod_of)
 
 
+def pods_without_rdma(snap: NodeSnapshot) -> list[BondAllocation]:
+    """Pods kubelet gave devices of the resource whose IDs name no bond (a shared plugin's "0", "1"…)
+    and that hold no bond at all: their annotation names no RDMA network (or their ADD has not run).
+    Bond-named IDs are judged per bond by :func:`snapshot_allocations`."""
+    from rdma_cni.doctor.inventory import pod_names
+
+    view = snap.device_plugin
+    if view is None or view.pods is None:
+        return []
+    bond_ids = {p.device for p in snap.ports} | {p.netdev for p in snap.ports if p.netdev}
+    holders = {pod_names(snap.paths.results_dirs, rec.container_id) for rec in snap.attachments}
+    out = []
+    for (ns, name), devices in sorted(view.pods.items()):
+        ids = devices.get(view.resource, [])
+        pod = f"{ns}/{name}"
+        if ids and not set(ids) & bond_ids and pod not in holders:
+            out.append(BondAllocation(
+                "", ",".join(ids), pod, "", WARN,
+                f"pod {pod} holds {len(ids)} {view.resource} device(s) ({', '.join(ids)}) but no bond: it "
+                "has no RDMA interface",
+                "if it should: its tke.cloud.tencent.com/networks annotation must name the RDMA network "
+                "(tke-rdma-macvlan); recreate the pod",
+            ))  # fmt: skip
+    return out
+
+
 def check_plugin(snap: NodeSnapshot) -> list[Finding]:
     return check_device_plugin(snap.device_plugin)
 
 
 def check_allocations(snap: NodeSnapshot) -> list[Finding]:
-    return [Finding(f"allocation {a.bond}", a.verdict, a.detail, a.fix) for a in snapshot_allocations(snap)]
+    out = [Finding(f"allocation {a.bond}", a.verdict, a.detail, a.fix) for a in snapshot_allocations(snap)]
+    out += [
+        Finding(f"allocation {a.allocated_to}", a.verdict, a.detail, a.fix) for a in pods_without_rdma(snap)
+    ]
+    return out

@@ -103,7 +103,7 @@ def _last_known(snap: NodeSnapshot, netdev: str) -> str:
 
 
 def inventory(snap: NodeSnapshot) -> dict[str, Any]:
-    from rdma_cni.doctor.deviceplugin import snapshot_allocations
+    from rdma_cni.doctor.deviceplugin import pods_without_rdma, snapshot_allocations
 
     pins = {b.bond: rec.container_id for rec in snap.attachments for b in rec.bonds}
     allocs = {a.bond: a for a in snapshot_allocations(snap)}
@@ -139,6 +139,10 @@ def inventory(snap: NodeSnapshot) -> dict[str, Any]:
              "current": n.current, "routes": n.routes, "rules": n.rules, "time": n.time}
             for n in snap.skipped
         ],
+        "podsWithoutRdma": [
+            {"pod": a.allocated_to, "devices": a.device.split(","), "detail": a.detail}
+            for a in pods_without_rdma(snap)
+        ],
     }
 
 
@@ -171,6 +175,8 @@ def render_inventory(inv: dict[str, Any]) -> str:
             lines.append(f"{a['status']} {a['detail']}")
             if a["fix"]:
                 lines.append(f"     fix: {a['fix']}")
+    for p in inv.get("podsWithoutRdma", []):
+        lines.append(f"WARN {p['detail']}")
     lines.append("")
     if not inv["attachments"]:
         lines.append("no attachments: nothing is pinned")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -134,11 +135,32 @@ def _call(socket: str, timeout: float, what: str, ask: Callable[[PodResourcesLis
     from rdma_cni.proto import podresources_v1_pb2_grpc as pb_grpc
 
     options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.enable_http_proxy", 0)]
+    threads = _threads()
     try:
         with grpc.insecure_channel(f"unix://{socket}", options=options) as channel:
             return ask(pb_grpc.PodResourcesListerStub(channel), pb)
     except grpc.RpcError as exc:
         raise CniError(KUBE_API_FAILURE, _explain(socket, timeout, what, exc)) from exc
+    finally:
+        _wait_for_threads(threads)
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+def _wait_for_threads(before: int, limit: float = 1.0) -> None:
+    """gRPC's core stops the threads (and their descriptors) of a closed channel a few ms later, on
+    its own. Wait for that: an rdma-agent worker serves its next call only from a single-threaded
+    process with no descriptor left behind (``setns`` into a mount namespace needs one thread)."""
+    deadline = time.monotonic() + limit
+    while _threads() > before and time.monotonic() < deadline:
+        time.sleep(0.002)
+    if _threads() > before:
+        log.debug("gRPC threads still running %.1f s after the channel closed", limit)
 
 
 def _explain(socket: str, timeout: float, what: str, exc: Any) -> str:
