@@ -85,7 +85,8 @@ def sample(text: str, line_start: str) -> float | None:
 
 
 @pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
+def agent(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
+    """The agent on a simulated node; ``reconcile`` (indirect param) is its --reconcile-interval."""
     reason = netns.can_run()
     if reason:
         pytest.skip(reason)
@@ -106,7 +107,8 @@ def agent(monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
             Path(conf_file).write_text(json.dumps(conf))
             port = free_port(n)
             proc = netns.launch_agent(
-                n.agent_socket, os.path.join(n.tmp, "agent.log"), "--reconcile-interval", "-1", "--conf",
+                n.agent_socket, os.path.join(n.tmp, "agent.log"), "--reconcile-interval",
+                str(getattr(request, "param", -1)), "--conf",
                 conf_file, "--metrics-address", f"127.0.0.1:{port}", netns=n.name,
                 env=dict(os.environ, PYTHONPATH=netns.REPO),
             )
@@ -335,3 +337,21 @@ def test_doctor_says_where_the_metrics_are_and_whether_they_answer(
     monkeypatch.setenv("RDMA_CNI_AGENT_SOCKET", str(tmp_path / "none" / "agent.sock"))
     (finding,) = metrics_checks.check_metrics(observe(paths))
     assert finding.status == SKIP and "--metrics-address" in finding.detail
+
+
+@pytest.mark.parametrize("agent", [1], indirect=True)
+def test_reconcile_repairs_are_counted_and_the_bond_comes_back(agent: Agent) -> None:
+    """A pod netns deleted without DEL: reconcile (every second here, in a forked job) gives the
+    bond's address back and reports the pass and its repair to the metrics process."""
+    n = agent.node
+    pod = n.pod()
+    wait_watched(f"/run/netns/{n.name}", pod.path)
+    res = n.plugin("ADD", agent.conf, pod, container_id="c-rec")
+    assert res.code == 0, res.stdout + res.stderr
+    n.delete_pod(pod)  # the runtime never sends DEL
+    text = wait_for("a reconcile repair", lambda: (got := _try_get(n, agent.url)) and sample(
+        got[1], "rdma_cni_reconcile_repairs_total") == 1.0 and got[1], 60)
+    assert (sample(text, "rdma_cni_reconcile_runs_total") or 0) >= 1
+    assert sample(text, "rdma_cni_reconcile_failures_total") == 0.0
+    wait_for("bond0 back on the host", lambda: (got := _try_get(n, agent.url)) and sample(
+        got[1], 'rdma_cni_bond_address_lost{bond="bond0"}') == 0.0 and "rdma_cni_bond_holder{" not in got[1])
