@@ -107,13 +107,12 @@ def sim(node: netns.Node, tmp_path: Path) -> tuple[netns.Node, str, Scrape]:
     n.bond("bond2")
     n.bond("bond3", f"{IPS['bond3']}/28")
     root = str(tmp_path / "sys")
-    bonds = [tree.SimBond(f"bond{i}", f"mlx5_bond_{i}") for i in range(4)]
+    numa = {0: 1, 1: -1}  # a PCI parent on NUMA node 1; one without NUMA info; two rxe-like (none)
+    bonds = [tree.SimBond(f"bond{i}", f"mlx5_bond_{i}", numa_node=numa.get(i)) for i in range(4)]
     tree.build_tree(root, bonds, gid_slots=16)
     tree.write_slot(root, "mlx5_bond_0", 1, 1, gid_for_ip(IPS["bond0"]), "bond0")
     tree.write_slot(root, "mlx5_bond_1", 1, 1, gid_for_ip(IPS["bond1"]), "bond1")  # in the pod
     tree.write_slot(root, "mlx5_bond_3", 1, 2, gid_for_ip(IPS["bond3"]), "bond3")
-    for device, numa in (("mlx5_bond_0", "1"), ("mlx5_bond_1", "-1")):
-        tree.put(os.path.join(tree.ib_dir(root, device), "device", "numa_node"), numa + "\n")
     pod = n.pod()
     state = NodeState(n.data_dir)
     state.put(record("c-live", "bond1", pod.path, os.stat(pod.path).st_ino, pod=("default", "ibv-app-0")))

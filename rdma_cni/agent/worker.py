@@ -45,6 +45,7 @@ def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnch
     except Refused as why:
         log.info("refused a call: %s", why)
         _send_quietly(conn, wire.REFUSE)
+        metrics_events.report_refused()
         return
     except (OSError, wire.WireError) as exc:
         log.info("dropped a call before it ran: %s", exc)

@@ -77,7 +77,8 @@ def report_reconcile(repaired: int, failed: int) -> None:
 
 
 def report_refused() -> None:
-    """The agent refused a call (every worker busy): the client ran it in-process."""
+    """The agent refused a call (every worker busy, or a worker that cannot run it): the client
+    ran it in-process."""
     _send({"e": "refused"})
 
 

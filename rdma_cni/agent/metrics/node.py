@@ -145,18 +145,11 @@ def _record_ipv4(rec: AttachmentRecord, bond: str) -> list[str]:
 
 
 def _numa(root: str, port: RdmaPort) -> str:
-    """The device's NUMA node as the kernel reports it (the PCI device's ``numa_node``)."""
-    candidates = [os.path.join(sysfs.device_dir(root, port.device), "device", "numa_node")]
-    if port.netdev:
-        candidates.append(os.path.join(root, "class", "net", port.netdev, "device", "numa_node"))
-    for path in candidates:
-        try:
-            with open(path) as f:
-                value = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        return str(value) if value >= 0 else ""
-    return ""
+    """The device's NUMA node as the device plugin reads it (its PCI parent's ``numa_node``)."""
+    from rdma_cni.deviceplugin.inventory import numa_of
+
+    node = numa_of(root, port.device)
+    return "" if node is None else str(node)
 
 
 class NodeCollector(Collector):

@@ -76,7 +76,7 @@ class CallMetrics:
         )
         self.refused = Counter(
             "rdma_cni_agent_refused_calls",
-            "Calls the agent refused because every worker was busy (they ran in-process)",
+            "Calls the agent refused (every worker busy, or one it cannot run): they ran in-process",
             registry=registry,
         )
         self.malformed = Counter(
