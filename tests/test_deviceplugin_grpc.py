@@ -141,6 +141,22 @@ def test_twenty_kubelet_restarts_each_re_registered_no_stream_left_behind() -> N
         assert socks == [ep.endpoint]
 
 
+def test_kubelet_dropping_the_stream_gets_a_new_registration() -> None:
+    """kubelet ends the stream and forgets the endpoint (no restart, no socket deleted): the plugin
+    must notice the stream's end and register again, on a new socket."""
+    with dp_node(bonds=2) as d:
+        d.start()
+        old = d.endpoint()
+        old.wait_list(lambda devs: len(devs) == 2)
+        t0 = time.monotonic()
+        d.kubelet.drop(RESOURCE)
+        ep = d.kubelet.wait_endpoint(RESOURCE, newer_than=old, timeout=15)
+        print(f"\nre-registration after kubelet dropped the stream: {(ep.registered_at - t0) * 1000:.0f} ms")
+        assert ep.endpoint != old.endpoint
+        ep.wait_list(lambda devs: len(devs) == 2)
+        wait_for(lambda: d.kubelet.live_streams() == 1, 5, "one live ListAndWatch")
+
+
 def test_kill9_then_restart_registers_the_full_list_and_leaves_pods_alone() -> None:
     with dp_node(bonds=2) as d:
         pod = d.n.pod()  # a running pod holding bond1's macvlan and address

@@ -280,6 +280,14 @@ class TestKubelet:
         with self._changed:
             self._changed.notify_all()
 
+    def drop(self, resource: str) -> Endpoint:
+        """kubelet stops an endpoint without restarting (its stream failed): it forgets the plugin and
+        never dials it again; only a new Register brings the resource back."""
+        with self._lock:
+            ep = self.endpoints.pop(resource)
+        ep.stop()
+        return ep
+
     def wait_endpoint(self, resource: str, newer_than: Endpoint | None = None,
                       timeout: float = 20.0) -> Endpoint:
         """The registered endpoint of ``resource`` (one registered after ``newer_than``, if given)."""
