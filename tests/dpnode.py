@@ -115,9 +115,10 @@ def wait_for(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condi
 
 @contextmanager
 def dp_node(bonds: int = 2, numa: Callable[[int], int] | None = None,
-            kubelet: bool = True) -> Iterator[DpNode]:
+            kubelet: bool = True, pod_resources: Callable[[Any], None] | None = None) -> Iterator[DpNode]:
     """See the module doc. ``numa(i)``: the NUMA node of bond i (None: no numa_node file at all);
-    ``kubelet=False``: the test kubelet is made but not started (the test starts it)."""
+    ``kubelet=False``: the test kubelet is made but not started (the test starts it);
+    ``pod_resources``: adds a PodResources servicer to the kubelet's pod-resources/kubelet.sock."""
     with ExitStack() as stack:
         n = stack.enter_context(node())
         names = [f"bond{i}" for i in range(bonds)]
@@ -133,7 +134,7 @@ def dp_node(bonds: int = 2, numa: Callable[[int], int] | None = None,
         conf = os.path.join(n.tmp, "tke-rdma-macvlan.conf")
         with open(conf, "w") as f:
             json.dump(n.config(name="tke-rdma-macvlan", masters=names), f)
-        k = TestKubelet(os.path.join(n.tmp, "kubelet"))
+        k = TestKubelet(os.path.join(n.tmp, "kubelet"), pod_resources=pod_resources)
         d = DpNode(n, sysfs, dev, conf, n.run_dir, os.path.join(n.tmp, "device-plugin.log"), k, names)
         if kubelet:
             k.start()

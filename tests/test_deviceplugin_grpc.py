@@ -157,6 +157,32 @@ def test_kubelet_dropping_the_stream_gets_a_new_registration() -> None:
         wait_for(lambda: d.kubelet.live_streams() == 1, 5, "one live ListAndWatch")
 
 
+def test_what_allocate_gave_is_what_podresources_tells_the_cni_also_after_a_kubelet_restart() -> None:
+    """kubelet admits a pod (GetPreferredAllocation, then Allocate of that choice) and answers
+    PodResources with it, as the real one does; the CNI side's client reads exactly those IDs."""
+    from podresources_server import PodResourcesServer
+
+    from rdma_cni.kube import podresources
+
+    pr = PodResourcesServer("")  # served by the test kubelet on its own pod-resources socket
+    with dp_node(bonds=8, numa=lambda i: i // 4, pod_resources=pr.add_to) as d:
+        d.start()
+        ep = d.endpoint()
+        _, devs = ep.wait_list(lambda devs: len(devs) == 8 and all(x.health == "Healthy" for x in devs))
+        picks = ep.preferred([x.id for x in devs], ["mlx5_bond_6"], 4)
+        assert "mlx5_bond_6" in picks and len(picks) == 4
+        resp = ep.allocate(picks)
+        assert resp.container_responses[0].envs["NCCL_IB_HCA"] == "=" + ",".join(sorted(picks))
+        pr.set_pod("default", "nccl-test-0", {"trainer": {RESOURCE: picks}})
+        sock = podresources.socket_path(d.kubelet.pod_resources_dir)
+        got = podresources.pod_devices(sock, "default", "nccl-test-0")
+        assert got is not None and sorted(got[RESOURCE]) == sorted(picks)
+        d.kubelet.restart()  # both sockets come back; the plugin registers again
+        d.kubelet.wait_endpoint(RESOURCE, timeout=15).wait_list(lambda devs: len(devs) == 8)
+        got = podresources.pod_devices(sock, "default", "nccl-test-0")
+        assert got is not None and sorted(got[RESOURCE]) == sorted(picks)
+
+
 def test_kill9_then_restart_registers_the_full_list_and_leaves_pods_alone() -> None:
     with dp_node(bonds=2) as d:
         pod = d.n.pod()  # a running pod holding bond1's macvlan and address
