@@ -183,6 +183,29 @@ def test_what_allocate_gave_is_what_podresources_tells_the_cni_also_after_a_kube
         assert got is not None and sorted(got[RESOURCE]) == sorted(picks)
 
 
+def test_two_instances_do_not_take_the_registration_back_and_forth() -> None:
+    """A rolling update overlap: the newer plugin registers, kubelet drops the older's stream; the
+    older stands by (no re-registration ping-pong) and takes over once the newer stops."""
+    with dp_node(bonds=2) as d:
+        d.start()
+        first = d.endpoint()
+        first.wait_list(lambda devs: len(devs) == 2)
+        newer = d.start(previous=first)
+        second = d.endpoint()
+        second.wait_list(lambda devs: len(devs) == 2)
+        calls = d.kubelet.register_calls
+        time.sleep(3)
+        assert d.kubelet.register_calls == calls, "the two instances took the registration back and forth"
+        assert d.kubelet.endpoints[RESOURCE] is second and second.live
+        wait_for(lambda: "standing by" in d.log_text(), 5, "the older instance standing by")
+        t0 = time.monotonic()
+        assert d.stop(newer) == 0
+        ep = d.kubelet.wait_endpoint(RESOURCE, newer_than=second, timeout=15)
+        print(f"\nolder instance took over {(ep.registered_at - t0) * 1000:.0f} ms after the newer stopped")
+        ep.wait_list(lambda devs: len(devs) == 2)
+        assert d.procs[0].poll() is None
+
+
 def test_kill9_then_restart_registers_the_full_list_and_leaves_pods_alone() -> None:
     with dp_node(bonds=2) as d:
         pod = d.n.pod()  # a running pod holding bond1's macvlan and address

@@ -15,6 +15,9 @@ kubelet's rules (deviceplugin-facts.md 1.4-1.5) and what this module does about 
   more (a kill -9) are removed at start.
 - While kubelet is absent or refuses, Register is retried with backoff; the log says so once per
   state change, not once per try.
+- Two instances at once (a rolling update): kubelet keeps the newer registration and drops the older
+  one's stream; the older sees another instance answering on its socket and stands by (no
+  registration ping-pong) until that one is gone, then registers again.
 
 Usage::
 
@@ -51,6 +54,7 @@ REGISTER_TIMEOUT_S = 12.0  # kubelet's own dial back may take its full 10 s
 PROVE_TIMEOUT_S = 5.0
 PROVE_TRY_S = 0.25
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
+STANDBY_CHECK_S = 1.0
 
 
 def socket_base(resource_name: str) -> str:
@@ -85,6 +89,14 @@ def remove_stale_sockets(directory: str, base: str) -> list[str]:
                 os.unlink(path)
                 removed.append(path)
     return removed
+
+
+def other_live_instance(directory: str, base: str, own: str) -> str | None:
+    """Another ``<base>-*.sock`` in ``directory`` that someone answers on (another plugin instance)."""
+    for path in sorted(glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(base)}-*.sock"))):
+        if path != own and socket_inode(path) is not None and not _nobody_listens(path):
+            return path
+    return None
 
 
 def prove_answers(socket_path: str, timeout: float = PROVE_TIMEOUT_S) -> None:
@@ -198,7 +210,7 @@ class Lifecycle:
         """Register ``gen`` (retrying) and watch it; the reason to start over, "" on stop."""
         registered_inode: int | None = None
         tried_inode: int | None = None
-        backoff, next_try = BACKOFF_MIN_S, 0.0
+        backoff, next_try, next_check = BACKOFF_MIN_S, 0.0, 0.0
         while not stop.is_set():
             if socket_inode(gen.path) != gen.inode:
                 return f"own socket {gen.path} was deleted (kubelet restarted and cleaned its directory)"
@@ -206,8 +218,17 @@ class Lifecycle:
             if registered_inode is not None:
                 if kubelet != registered_inode:
                     return f"{self._kubelet} was re-created or removed (kubelet restarted)"
-                if self._kick.is_set():
-                    return "kubelet closed its ListAndWatch stream"
+                if self._kick.is_set() and time.monotonic() >= next_check:
+                    other = other_live_instance(self._dir, socket_base(self._cfg.resource_name), gen.path)
+                    if other is None:
+                        return "kubelet closed its ListAndWatch stream"
+                    # A newer plugin of the same resource replaced us (a rolling update): registering
+                    # again would take it back, and so on. Stand by (checking every second) until it
+                    # is gone.
+                    next_check = time.monotonic() + STANDBY_CHECK_S
+                    self._status.update(registered=False)
+                    self._note(f"standby-{other}", logging.WARNING, "kubelet dropped our stream for %s, "
+                               "another rdma-device-plugin; standing by until it stops", other)
             elif kubelet is None:
                 self._note("absent", logging.WARNING, "no kubelet at %s yet; registering when it appears",
                            self._kubelet)
