@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -23,6 +25,7 @@ from netns import REPO, can_run
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from rdma_cni.sim.kubelet import Dev, TestKubelet
+from rdma_cni.sim.tree import set_port_state
 
 pytestmark = pytest.mark.netns
 
@@ -75,9 +78,10 @@ def test_numa_minus_one_leaves_topology_unset() -> None:
         assert [x.numa for x in devs] == [(), ()]
 
 
-def test_health_follows_link_and_address_both_ways_on_every_stream() -> None:
-    """Link down/up and address removal/return flip the device and flip it back; each change
-    reaches kubelet's stream and a second concurrent stream; the latency is printed."""
+def test_health_follows_every_cause_both_ways_on_every_stream() -> None:
+    """Link down/up, address removal/return, the RDMA port state and the uverbs node flip the device
+    and flip it back; each change reaches kubelet's stream and a second concurrent stream; the
+    latency is printed."""
     with dp_node(bonds=2) as d:
         d.start()
         ep = d.endpoint()
@@ -85,16 +89,23 @@ def test_health_follows_link_and_address_both_ways_on_every_stream() -> None:
         with grpc.insecure_channel(f"unix:{os.path.join(d.kubelet.dir, ep.endpoint)}") as ch:
             extra = pb_grpc.DevicePluginStub(ch).ListAndWatch(pb.Empty(), timeout=120)
             assert len(next(extra).devices) == 2
-            steps = [
-                ("link down", ("link", "set", "bond0", "down"), False),
-                ("link up", ("link", "set", "bond0", "up"), True),
-                ("address removed", ("addr", "del", "198.51.100.2/28", "dev", "bond0"), False),
-                ("address back", ("addr", "add", "198.51.100.2/28", "dev", "bond0"), True),
+            uverbs = os.path.join(d.dev, "infiniband", "uverbs0")
+            dev_numbers = os.stat(uverbs).st_rdev
+            steps: list[tuple[str, Callable[[], object], bool]] = [
+                ("link down", lambda: d.n.ip("link", "set", "bond0", "down"), False),
+                ("link up", lambda: d.n.ip("link", "set", "bond0", "up"), True),
+                ("address removed", lambda: d.n.ip("addr", "del", "198.51.100.2/28", "dev", "bond0"), False),
+                ("address back", lambda: d.n.ip("addr", "add", "198.51.100.2/28", "dev", "bond0"), True),
+                # No event for these two: the rescan finds them.
+                ("RDMA port DOWN", lambda: set_port_state(d.sysfs, "mlx5_bond_0", 1, active=False), False),
+                ("RDMA port ACTIVE", lambda: set_port_state(d.sysfs, "mlx5_bond_0", 1, active=True), True),
+                ("uverbs0 node gone", lambda: os.unlink(uverbs), False),
+                ("uverbs0 node back", lambda: os.mknod(uverbs, 0o666 | stat.S_IFCHR, dev_numbers), True),
             ]
-            for what, cmd, want in steps:
+            for what, change, want in steps:
                 seen = len(ep.lists)
                 t0 = time.monotonic()
-                d.n.ip(*cmd)
+                change()
                 t, _ = ep.wait_list(lambda devs, w=want: healthy(devs, "mlx5_bond_0") is w, 10, seen)  # type: ignore[misc]
                 print(f"\nhealth {what} -> kubelet: {(t - t0) * 1000:.0f} ms")
                 for msg in extra:  # the second stream gets the same change
