@@ -14,7 +14,9 @@
 #   --mode MODE         vpc-cni: default network tke-route-eni; global-router: tke-bridge. Installs
 #                       CONF_DIR/00-rdma-multus.conflist, which makes rdma-multus the node's network.
 #                       Without --mode only the binaries and the delegate config are installed.
-#   --kubelet-root-dir  written into the meta config (device-plugin checkpoint); default /var/lib/kubelet
+#   --kubelet-root-dir  kubelet's --root-dir, written into the meta config (PodResources socket under it;
+#                       the device checkpoint stays in /var/lib/kubelet/device-plugins, as in kubelet);
+#                       default /var/lib/kubelet
 #   --host-root DIR     the node's / as seen from here (a DaemonSet mounts it at /host); every other
 #                       path is a node path, and configs refer to node paths
 #   --kubeconfig-from-serviceaccount
@@ -56,7 +58,7 @@ while [ $# -gt 0 ]; do
         --kubeconfig-from-serviceaccount) sa_kubeconfig=1; shift ;;
         --uninstall) uninstall=1; shift ;;
         --force) force=1; shift ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done

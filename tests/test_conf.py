@@ -86,6 +86,8 @@ def test_meta_config_names_the_seed_default_network(mode: str) -> None:
     assert plugin["defaultDelegates"] == MODES[mode]
     assert plugin["annotation"] == ANNOTATION
     assert plugin["kubeletRootDir"] == "/var/lib/kubelet"
+    # kubelet keeps device-plugins/ here whatever its --root-dir: install.sh moves only kubeletRootDir
+    assert plugin["devicePluginDir"] == "/var/lib/kubelet/device-plugins"
     delegate = load(CONF / mode / "rdma-multus.d" / "tke-rdma-macvlan.conf")
     assert delegate["name"] == "tke-rdma-macvlan"
     assert delegate["type"] == "rdma-macvlan"
@@ -100,6 +102,8 @@ def test_meta_config_is_accepted_by_rdma_multus(mode: str) -> None:
     assert cfg.annotation == ANNOTATION
     assert cfg.conf_dir == "/etc/cni/net.d/rdma-multus.d"
     assert cfg.kubelet_root_dir == "/var/lib/kubelet"
+    assert cfg.pod_resources_dir == "/var/lib/kubelet/pod-resources"
+    assert cfg.device_plugin_dir == "/var/lib/kubelet/device-plugins"
 
 
 def _macvlan_parser() -> Any:

@@ -153,7 +153,8 @@ def test_install_rewrites_paths_for_custom_dirs(bundle: Path, tmp_path: Path) ->
     assert plugin["defaultDelegates"] == "tke-bridge"
     assert plugin["confDir"] == "/etc/cni/custom.d/rdma-multus.d"
     assert plugin["kubeconfig"] == "/etc/cni/custom.d/rdma-multus.d/rdma-multus.kubeconfig"
-    assert plugin["kubeletRootDir"] == "/data/kubelet"
+    assert plugin["kubeletRootDir"] == "/data/kubelet"  # pod-resources/ follows kubelet's --root-dir,
+    assert plugin["devicePluginDir"] == "/var/lib/kubelet/device-plugins"  # device-plugins/ never moves
     assert (tmp_path / "usr/libexec/cni/rdma-macvlan").is_symlink()
 
 
