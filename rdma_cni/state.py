@@ -77,6 +77,7 @@ log = logging.getLogger("rdma_cni.state")
 SCHEMA_VERSION = 1
 PHASE_ADDING = "adding"  # write-ahead: the host may be partly changed; DEL/GC must undo
 PHASE_ADDED = "added"  # ADD returned a result
+PHASE_IPAM_PENDING = "ipam-pending"  # the host is given back; only the IPAM release is left (no bonds)
 ATTACHMENTS_DIR = "attachments"
 LOCK_FILE = "lock"
 CLAIMS_DIR = "claims"
@@ -146,7 +147,7 @@ class AttachmentRecord:
         rec = cls(**raw, bonds=bonds)
         validate_container_id(rec.container_id)
         validate_ifname(rec.ifname)
-        if rec.phase not in (PHASE_ADDING, PHASE_ADDED):
+        if rec.phase not in (PHASE_ADDING, PHASE_ADDED, PHASE_IPAM_PENDING):
             raise ValueError(f"unknown phase {rec.phase!r}")
         return rec
 
@@ -349,6 +350,15 @@ class NodeState:
         path = self.path(rec.container_id, rec.ifname)
         body = {"writeAhead": _stamp(os.stat(path)), "record": rec.to_dict()}
         durable.atomic_write_json(path + COMMIT_SUFFIX, body, sync=False)
+
+    def replace(self, rec: AttachmentRecord) -> None:
+        """A smaller record in place of the one on disk (synced), its commit dropped: a DEL that
+        gave the host back but could not release the IPAM lease keeps just what the retry needs."""
+        self.put(rec)
+        try:
+            os.unlink(self.path(rec.container_id, rec.ifname) + COMMIT_SUFFIX)
+        except FileNotFoundError:
+            pass
 
     def get(self, container_id: str, ifname: str) -> AttachmentRecord | None:
         return self._load(self.path(container_id, ifname))

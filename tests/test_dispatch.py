@@ -442,3 +442,41 @@ def test_bad_input(name: str, request_: tuple[dict[str, str], bytes], code: int,
     assert err["code"] == code, err
     assert field in err["msg"], err
     assert RecordingPlugin.calls == [], "bad input must be refused before any plugin code runs"
+
+
+# ------------------------------------------------------------------ CNI_NETNS = the plugin's own netns
+OWN_NETNS_PATHS = ("/proc/self/ns/net", "/proc/thread-self/ns/net")
+
+
+@pytest.mark.parametrize("verb", ["ADD", "DEL", "CHECK"])
+@pytest.mark.parametrize("path", OWN_NETNS_PATHS)
+def test_own_netns_is_refused_with_8_before_the_plugin_runs(verb: str, path: str) -> None:
+    out, rc = run(_env(verb, CNI_NETNS=path), _conf("1.0.0"), SPEC)
+    assert rc == 1 and RecordingPlugin.calls == []
+    err = json.loads(out)
+    assert err["code"] == 8
+    assert err["msg"] == "plugin's netns and netns from CNI_NETNS should not be the same"
+    assert "CNI_NETNS_OVERRIDE=1" in err["details"] and path in err["details"]
+
+
+@pytest.mark.parametrize("override", ["1", "true", "TRUE"])
+def test_cni_netns_override_lets_the_own_netns_through(override: str) -> None:
+    env = _env("ADD", CNI_NETNS="/proc/self/ns/net", CNI_NETNS_OVERRIDE=override)
+    out, rc = run(env, _conf("1.0.0"), SPEC)
+    assert rc == 0, out
+    assert [c.netns for c in RecordingPlugin.calls] == ["/proc/self/ns/net"]
+
+
+@pytest.mark.parametrize("override", ["", "0", "false", "yes"])
+def test_anything_else_in_cni_netns_override_keeps_the_guard(override: str) -> None:
+    env = _env("DEL", CNI_NETNS="/proc/self/ns/net", CNI_NETNS_OVERRIDE=override)
+    out, rc = run(env, _conf("1.0.0"), SPEC)
+    assert rc == 1 and json.loads(out)["code"] == 8
+
+
+@pytest.mark.parametrize("path", ["/proc/self/ns/uts", "/var/run/netns/h1-no-such", "/etc/hostname"])
+def test_other_paths_pass_the_guard(path: str) -> None:
+    """Another namespace file (same nsfs device, other inode), a missing path, a plain file: not
+    the plugin's netns; the verbs judge them (ADD: 4, DEL: tolerated)."""
+    out, rc = run(_env("ADD", CNI_NETNS=path), _conf("1.0.0"), SPEC)
+    assert rc == 0, out

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from rdma_cni import __version__
 from rdma_cni.cni import version as cniver
 from rdma_cni.cni.errors import INVALID_ENV, IO_FAILURE, CniError
+from rdma_cni.cni.netns_guard import refuse_own_netns
 from rdma_cni.cni.plugin import PluginSpec
 from rdma_cni.cni.request import VERBS, Request, parse_request
 from rdma_cni.cni.result import render
@@ -36,6 +37,7 @@ def run(env: Mapping[str, str], stdin: bytes, spec: PluginSpec) -> tuple[str, in
         if command == "VERSION":
             return _version_answer(stdin), 0
         req = parse_request(env, stdin, command, spec.known_args)
+        refuse_own_netns(command, env)
         return _execute(req, spec), 0
     except CniError as err:
         log.warning("%s %s failed: code %d: %s", spec.name, command, err.code, err.msg)

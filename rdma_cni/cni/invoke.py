@@ -17,8 +17,15 @@ from rdma_cni.cni.errors import DELEGATE_FAILURE, INVALID_CONFIG, CniError
 DEFAULT_TIMEOUT = 60.0
 
 
+def is_plain_name(plugin_type: object) -> bool:
+    """A ``type`` that can be looked up at all: a non-empty file name, no path in it."""
+    return isinstance(plugin_type, str) and bool(plugin_type) and "/" not in plugin_type and (
+        plugin_type not in (".", "..") and "\0" not in plugin_type
+    )
+
+
 def find_plugin(plugin_type: str, dirs: Sequence[str]) -> str:
-    if not plugin_type or "/" in plugin_type or plugin_type in (".", ".."):
+    if not is_plain_name(plugin_type):
         raise CniError(INVALID_CONFIG, f"plugin type {plugin_type!r} must be a plain executable name")
     for d in dirs:
         candidate = os.path.join(d, plugin_type)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, replace
 
-from rdma_cni.net.nlsock import IFF_UP, MACVLAN_MODE, LinkInfo, RtnlSocket
+from rdma_cni.net.nlsock import IFF_LOOPBACK, IFF_UP, MACVLAN_MODE, LinkInfo, RtnlSocket
 from rdma_cni.net.rtnl import error_code
 
 ADDR_GEN_MODE_NONE = 1
@@ -31,6 +31,16 @@ class Link:
     up: bool
     kind: str
     parent_index: int
+    loopback: bool = False
+
+    def macvlan_parent_problem(self) -> str:
+        """Why the kernel would refuse a macvlan on this link ("" when it would not): it needs an
+        Ethernet device (a 6-byte MAC) that is not the loopback."""
+        if self.loopback:
+            return "it is the loopback device"
+        if len(self.mac.split(":")) != 6:
+            return "it is not an Ethernet device"
+        return ""
 
 
 def _link(info: LinkInfo) -> Link:
@@ -42,6 +52,7 @@ def _link(info: LinkInfo) -> Link:
         up=bool(info.flags & IFF_UP),
         kind=info.kind,
         parent_index=info.parent_index,
+        loopback=bool(info.flags & IFF_LOOPBACK),
     )
 
 

@@ -62,6 +62,7 @@ IFLA_INFO_DATA = 2
 IFLA_MACVLAN_MODE = 1
 IFLA_INET6_ADDR_GEN_MODE = 8
 IFF_UP = 0x1
+IFF_LOOPBACK = 0x8
 MACVLAN_MODE = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8}
 
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, sequence, port id

@@ -26,6 +26,7 @@ from rdma_cni.cni.errors import (
     CHECK_FAILED,
     INVALID_CONFIG,
     INVALID_ENV,
+    IO_FAILURE,
     NETLINK_FAILURE,
     STATUS_UNAVAILABLE,
     CniError,
@@ -38,10 +39,22 @@ from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.net.rtnl import attr
 from rdma_cni.plugins import macvlan_rdma
 from rdma_cni.plugins import macvlan_tx as tx
-from rdma_cni.plugins.macvlan_config import StatusConfig, parse_config, parse_status_config
+from rdma_cni.plugins.macvlan_config import (
+    StatusConfig,
+    parse_config,
+    parse_del_config,
+    parse_status_config,
+)
 from rdma_cni.plugins.macvlan_select import choose_bonds, describe_pins
 from rdma_cni.rdma.mode import require_mode
-from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState, SkippedRestore
+from rdma_cni.state import (
+    PHASE_ADDED,
+    PHASE_IPAM_PENDING,
+    AttachmentRecord,
+    BondRecord,
+    NodeState,
+    SkippedRestore,
+)
 
 if TYPE_CHECKING:
     from rdma_cni.plugins.macvlan_model import MacvlanConfig
@@ -54,6 +67,17 @@ KNOWN_ARGS = frozenset({"MAC"})
 def _config(req: Request) -> MacvlanConfig:
     cfg = parse_config(req.config)
     logconf.configure(cfg.log_file, cfg.log_level)
+    return cfg
+
+
+def _cleanup_config(req: Request) -> MacvlanConfig:
+    """DEL/GC: a config problem must not keep the host from getting its bonds back (see
+    :func:`parse_del_config`); what was left out is logged."""
+    cfg, dropped = parse_del_config(req.config)
+    logconf.configure(cfg.log_file, cfg.log_level)
+    for problem in dropped:
+        log.warning("%s %s/%s: %s; using its default to clean up", req.command, req.container_id,
+                    req.ifname, problem)
     return cfg
 
 
@@ -87,7 +111,12 @@ class MacvlanPlugin:
         if old is not None:
             log.warning("ADD %s/%s: a previous attachment is recorded; undoing it first", req.container_id,
                         req.ifname)
-            self._forget(req, cfg, state, old, host, req.netns)
+            try:
+                self._forget(req, cfg, state, old, host, req.netns, locked=True)
+            except CniError as exc:
+                exc.msg = f"undoing the earlier ADD of {req.container_id}/{req.ifname}: {exc.msg}"
+                exc.args = (exc.msg,)
+                raise
         self._reclaim_dead(req, cfg, state, host)
         seen: dict[str, tuple[links.Link, list[dict[str, Any]]]] = {}
         bonds = self._pick_bonds(req, cfg, state, host, seen)
@@ -153,14 +182,15 @@ class MacvlanPlugin:
     ) -> list[str]:
         """``seen`` collects what was read of each usable bond, so planning need not ask again."""
         masters = self._masters(cfg)
+        known = _configured_masters(host, cfg.masters) if cfg.masters else {}
 
         def usable(name: str) -> str:
-            link = links.get_link(host, name)
+            link = known[name] if name in known else links.get_link(host, name)
             if link is None:
                 return "no such netdev on this node"
             addrs = addresses.snapshot(host, link.index) if cfg.ipam is None else []
             if cfg.ipam is None and not addrs:
-                return "it holds no IP address to move"
+                return "it holds no IP address to move (and no pod holds it): give it back its address"
             seen[name] = (link, addrs)
             return ""
 
@@ -218,25 +248,74 @@ class MacvlanPlugin:
     ) -> None:
         try:
             self._forget(req, cfg, state, rec, host, req.netns)
-        except Exception:  # the record stays; DEL/GC will finish the job
+        except Exception:  # the record (or its IPAM part) stays; DEL/GC will finish the job
             log.exception("rollback of %s/%s incomplete; state kept for DEL/GC", rec.container_id, rec.ifname)
 
     def _forget(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, host: Any,
-        netns_path: str, fp: tx.Failpoints | None = None,
+        netns_path: str, fp: tx.Failpoints | None = None, locked: bool = False,
     ) -> None:
-        """Undo one recorded attachment completely, then drop its record (the pin goes with it).
-        A bond re-addressed meanwhile keeps its present addresses; that is noted for state/doctor."""
-        skipped = tx.teardown(rec, host, netns_path, fp,
-                              detach=lambda b, ns: macvlan_rdma.detach(cfg, rec, b, ns))
+        """Undo one recorded attachment, then drop its record (the pins go with it).
+
+        The plugin's own work (pod interfaces, the host's addresses, routes, rules) is undone first
+        and whatever IPAM does. IPAM is released after it: a failure there is raised once the record
+        has been cut down to what the IPAM retry needs (no bonds: nothing stays pinned), so the next
+        DEL retries only that. If the host could not be given back, the whole record stays.
+        A bond re-addressed meanwhile keeps its present addresses; that is noted for state/doctor.
+        ``locked``: the caller holds the node lock (record writes need it).
+        """
+        own: CniError | None = None
+        try:
+            skipped = tx.teardown(rec, host, netns_path, fp,
+                                  detach=lambda b, ns: macvlan_rdma.detach(cfg, rec, b, ns))
+        except CniError as exc:
+            own, skipped = exc, []
         for b, drift in skipped:
             state.note_skipped(SkippedRestore(
                 bond=b.bond, container_id=rec.container_id, ifname=rec.ifname,
                 recorded=list(drift.recorded), current=list(drift.current), routes=len(b.routes),
                 rules=len(b.rules)))
-        if rec.ipam is not None:
+        ipam = self._ipam_release(req, rec)
+        if own is not None:
+            raise own
+        if ipam is None:
+            state.remove(rec.container_id, rec.ifname)
+            return
+        pending = AttachmentRecord(
+            container_id=rec.container_id, ifname=rec.ifname, netns=rec.netns, netns_inode=rec.netns_inode,
+            phase=PHASE_IPAM_PENDING, cni_version=rec.cni_version, network=rec.network, ipam=rec.ipam,
+        )
+        if locked:
+            state.replace(pending)
+        else:
+            with state.locked():
+                state.replace(pending)
+        raise ipam
+
+    def _ipam_release(self, req: Request, rec: AttachmentRecord) -> CniError | None:
+        """IPAM DEL for a recorded attachment: None when released (or nothing to release), else
+        the error to report. A type that can never run (a path, not a plain name) is skipped:
+        retrying could never succeed and would keep the pod from ever being deleted."""
+        if rec.ipam is None:
+            return None
+        kind = rec.ipam.get("type")
+        if not invoke.is_plain_name(kind):
+            log.error("%s %s/%s: IPAM type %r is not a plain executable name, so it can never run: "
+                      "its DEL is skipped", req.command, rec.container_id, rec.ifname, kind)
+            return None
+        try:
             self._ipam_del(req, rec)
-        state.remove(rec.container_id, rec.ifname)
+        except (CniError, OSError) as exc:
+            code = exc.code if isinstance(exc, CniError) else IO_FAILURE
+            why = exc.msg if isinstance(exc, CniError) else str(exc)
+            log.error("%s %s/%s: IPAM %s DEL failed: %s", req.command, rec.container_id, rec.ifname, kind,
+                      why)
+            return CniError(
+                code,
+                f"the host is restored, but IPAM plugin {kind!r} DEL failed: {why} "
+                "(a repeated DEL retries only the IPAM release)",
+            )
+        return None
 
     def _ipam_del(self, req: Request, rec: AttachmentRecord) -> None:
         assert rec.ipam is not None
@@ -261,7 +340,7 @@ class MacvlanPlugin:
                 log.warning("reclaiming bonds %s of %s/%s: its netns %s is gone",
                             [b.bond for b in rec.bonds], rec.container_id, rec.ifname, rec.netns)
                 try:
-                    self._forget(req, cfg, state, rec, host, "")
+                    self._forget(req, cfg, state, rec, host, "", locked=True)
                 except CniError as exc:
                     log.error("could not reclaim %s/%s: %s", rec.container_id, rec.ifname, exc.msg)
 
@@ -287,7 +366,7 @@ class MacvlanPlugin:
 
     # ---------------------------------------------------------------- DEL
     def delete(self, req: Request) -> None:
-        cfg = _config(req)
+        cfg = _cleanup_config(req)
         fp = tx.Failpoints(req.env)
         state = NodeState(cfg.data_dir)
         # The claim alone: the record pins its bonds until it is removed, after they are given back.
@@ -296,16 +375,19 @@ class MacvlanPlugin:
             rec = state.get(req.container_id, req.ifname)
             if rec is None:
                 log.info("DEL %s/%s: nothing recorded", req.container_id, req.ifname)
-                if cfg.ipam is not None:
-                    self._ipam_del(req, AttachmentRecord(req.container_id, req.ifname, req.netns, 0,
-                                                         ipam=cfg.ipam))
                 state.sweep()  # an ADD killed while writing its write-ahead record left a temp file
+                unrecorded = AttachmentRecord(req.container_id, req.ifname, req.netns, 0, ipam=cfg.ipam)
+                err = self._ipam_release(req, unrecorded)
+                if err is not None:
+                    raise err
                 return
             host = netlink_in(None)
             try:
-                self._forget(req, cfg, state, rec, host, req.netns, fp)
-                with state.locked():
-                    macvlan_rdma.refresh_host_record(cfg, host)
+                try:
+                    self._forget(req, cfg, state, rec, host, req.netns, fp)
+                finally:
+                    with state.locked():
+                        macvlan_rdma.refresh_host_record(cfg, host)
             finally:
                 host.close()
 
@@ -336,7 +418,7 @@ class MacvlanPlugin:
 
     # ---------------------------------------------------------------- GC
     def gc(self, req: Request) -> None:
-        cfg = _config(req)
+        cfg = _cleanup_config(req)
         if req.valid_attachments is None:
             raise CniError(INVALID_CONFIG, "GC needs 'cni.dev/valid-attachments' (the runtime's live list)")
         valid = set(req.valid_attachments)
@@ -357,7 +439,7 @@ class MacvlanPlugin:
                             continue
                         log.info("GC: %s/%s is not in the valid list", rec.container_id, rec.ifname)
                         try:
-                            self._forget(req, cfg, state, rec, host, "", fp)
+                            self._forget(req, cfg, state, rec, host, "", fp, locked=True)
                         except CniError as exc:
                             failures.append(f"{rec.container_id}/{rec.ifname}: {exc.msg}")
                 macvlan_rdma.refresh_host_record(cfg, host)
@@ -401,6 +483,24 @@ class MacvlanPlugin:
             host.close()
         raise CniError(STATUS_UNAVAILABLE, "no bond can be handed out now: " + "; ".join(reasons)
                        + f" ({describe_pins(pins)})")
+
+
+def _configured_masters(host: Any, masters: list[str]) -> dict[str, links.Link]:
+    """Every bond the config names, looked up once: one that does not exist or cannot carry a
+    macvlan is a config error (7, naming it), never "no free bond, try again" (11)."""
+    found = {}
+    for name in dict.fromkeys(masters):
+        link = links.get_link(host, name)
+        why = "it does not exist on this node" if link is None else link.macvlan_parent_problem()
+        if why:
+            raise CniError(
+                INVALID_CONFIG,
+                f"config key 'masters' names {name!r}, but {why}: list the node's bond netdevs "
+                "(`ip link`), or leave 'masters' out to use every netdev that backs an RDMA device",
+            )
+        assert link is not None
+        found[name] = link
+    return found
 
 
 def _put_locked(state: NodeState, rec: AttachmentRecord) -> None:

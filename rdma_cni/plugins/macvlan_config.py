@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
+from rdma_cni.cni.invoke import is_plain_name
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -39,8 +40,54 @@ FIXES = {
 }
 
 
+class ConfigKeyError(CniError):
+    """Error 7 about one config key (``key``, dotted for nested ones): DEL can leave that key out."""
+
+    def __init__(self, key: str, msg: str) -> None:
+        super().__init__(INVALID_CONFIG, msg)
+        self.key = key
+
+
 def parse_config(raw: dict[str, Any]) -> MacvlanConfig:
-    """Validate the network config; the first problem becomes CNI error 7 naming key and fix."""
+    """Validate the network config for ADD/CHECK; the first problem is error 7 naming key and fix."""
+    cfg = _validate(raw)
+    if cfg.ipam is not None and not is_plain_name(cfg.ipam["type"]):
+        raise ConfigKeyError(
+            "ipam.type",
+            f"config key 'ipam.type' is {cfg.ipam['type']!r}: it must be a plain executable name looked up "
+            'in CNI_PATH, e.g. "host-local"',
+        )
+    return cfg
+
+
+# What DEL cannot do without: where the records are. Every other key has a default that is safe
+# for giving the host back, since the record (not the config) says what ADD did.
+DEL_ESSENTIAL = frozenset({"dataDir"})
+
+
+def parse_del_config(raw: dict[str, Any]) -> tuple[MacvlanConfig, list[str]]:
+    """The config for DEL/GC, which must undo what ADD did whatever is wrong with the config now
+    (edited after ADD, or the config of an ADD that was refused): a key that does not validate is
+    left at its default and its problem returned for the log. Only a bad ``dataDir`` is error 7.
+    An IPAM ``type`` that can never run is kept here; the IPAM release logs and skips it."""
+    conf = dict(raw)
+    dropped: list[str] = []
+    while True:
+        try:
+            return _validate(conf), dropped
+        except ConfigKeyError as exc:
+            top, _, sub = exc.key.partition(".")
+            if top in DEL_ESSENTIAL or top not in conf:
+                raise
+            inner = conf[top]
+            if sub and isinstance(inner, dict) and sub in inner:
+                conf[top] = {k: v for k, v in inner.items() if k != sub}
+            else:
+                del conf[top]
+            dropped.append(exc.msg)
+
+
+def _validate(raw: dict[str, Any]) -> MacvlanConfig:
     from pydantic import ValidationError
 
     from rdma_cni.plugins.macvlan_model import MacvlanConfig
@@ -53,14 +100,14 @@ def parse_config(raw: dict[str, Any]) -> MacvlanConfig:
     _check_masters(cfg.masters)
     if isinstance(cfg.rdma.gid_index, int) and not 0 <= cfg.rdma.gid_index < 65536:
         fix = FIXES["rdma.gidIndex"]
-        raise CniError(INVALID_CONFIG, f"config key 'rdma.gidIndex' is out of range: {fix}")
+        raise ConfigKeyError("rdma.gidIndex", f"config key 'rdma.gidIndex' is out of range: {fix}")
     return cfg
 
 
 _TYPE_TAGS = {"int", "str", "bool", "list", "dict", "float", "none"}
 
 
-def _config_error(exc: ValidationError) -> CniError:
+def _config_error(exc: ValidationError) -> ConfigKeyError:
     err = exc.errors()[0]
     # loc holds field aliases, list positions and (for unions) member tags like "literal['host']".
     parts = [str(p) for p in err["loc"] if isinstance(p, str) and "[" not in p and p not in _TYPE_TAGS]
@@ -70,7 +117,8 @@ def _config_error(exc: ValidationError) -> CniError:
 def _check_ipam(ipam: object) -> None:
     """What the model's ``dict`` type cannot say: an IPAM config names its plugin."""
     if ipam is not None and not (isinstance(ipam, dict) and isinstance(ipam.get("type"), str)):
-        raise CniError(INVALID_CONFIG, f"config key 'ipam.type' is missing or not a string: {FIXES['ipam']}")
+        msg = f"config key 'ipam.type' is missing or not a string: {FIXES['ipam']}"
+        raise ConfigKeyError("ipam.type", msg)
 
 
 def _check_masters(masters: object) -> None:
@@ -80,7 +128,7 @@ def _check_masters(masters: object) -> None:
         or not masters
         or any(not isinstance(m, str) or not m or "/" in m for m in masters)
     ):
-        raise CniError(INVALID_CONFIG, f"config key 'masters' is invalid: {FIXES['masters']}")
+        raise ConfigKeyError("masters", f"config key 'masters' is invalid: {FIXES['masters']}")
 
 
 # --- STATUS: the keys it reads, without pydantic -------------------------------------------------
@@ -149,7 +197,7 @@ def _text(raw: dict[str, Any], key: str, default: str) -> str:
     return value
 
 
-def _bad(key: str, problem: str, got: Any) -> CniError:
+def _bad(key: str, problem: str, got: Any) -> ConfigKeyError:
     shown = repr(got) if not isinstance(got, dict) else "an object"
     fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "see the rdma-macvlan config reference"
-    return CniError(INVALID_CONFIG, f"config key '{key}' is invalid ({problem}, got {shown}): use {fix}")
+    return ConfigKeyError(key, f"config key '{key}' is invalid ({problem}, got {shown}): use {fix}")

@@ -89,16 +89,22 @@ def choose_bonds(
         if why:
             raise CniError(TRY_AGAIN_LATER, f"{bond} cannot be given out now: {why}")
     free: list[str] = []
+    unusable: list[str] = []
     for m in masters:  # each usable() asks the kernel: stop as soon as there are enough
         if len(free) == opaque:
             break
-        if m not in wanted and pins.get(m) in (None, me) and not usable(m):
+        if m in wanted or pins.get(m) not in (None, me):
+            continue
+        why = usable(m)
+        if why:
+            unusable.append(f"{m}: {why}")
+        else:
             free.append(m)
     if opaque > len(free):
         raise CniError(
             TRY_AGAIN_LATER,
             f"no free bond: need {opaque}, free {free or 'none'} of masters {list(masters)}; "
-            + describe_pins(pins),
+            + describe_pins(pins) + (f"; not usable now: {'; '.join(unusable)}" if unusable else ""),
         )
     return wanted + free
 

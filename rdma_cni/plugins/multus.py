@@ -93,10 +93,12 @@ class Multus:
                 "DEL %s %s: nothing recorded (never added or already deleted)", req.container_id, req.ifname
             )
             return
-        errors = _undo(_runner(req, cfg), plan.delegates)
-        if errors:
-            # Keep the plan: the runtime retries DEL, and every delegate's DEL is idempotent.
-            raise errors[0]
+        failed = _undo(_runner(req, cfg), plan.delegates)
+        if failed:
+            # Keep only what failed: the runtime retries DEL, and it retries just those.
+            plan.delegates = [d for d, _ in failed][::-1]
+            store.save(plan)
+            raise failed[0][1]
         store.remove(req.container_id, req.ifname)
 
     def check(self, req: Request) -> None:
@@ -123,7 +125,11 @@ class Multus:
             log.info("GC: removing stale attachment %s %s (pod %s)", plan.container_id, plan.ifname, plan.pod)
             netns = plan.netns if plan.netns and os.path.exists(plan.netns) else ""
             runner = _runner(req, cfg, plan.container_id, netns)
-            if not _undo(runner, plan.delegates):
+            failed = _undo(runner, plan.delegates)
+            if failed:
+                plan.delegates = [d for d, _ in failed][::-1]
+                store.save(plan)
+            else:
                 store.remove(plan.container_id, plan.ifname)
         _forward_gc(req, cfg, live)
 
@@ -196,17 +202,20 @@ def _rollback(store: PlanStore, runner: DelegateRunner, plan: AttachmentPlan, fa
         store.remove(plan.container_id, plan.ifname)
 
 
-def _undo(runner: DelegateRunner, delegates: Sequence[Delegate]) -> list[CniError]:
-    """DEL ``delegates`` last-first; every one is tried, the failures are returned."""
-    errors: list[CniError] = []
+def _undo(runner: DelegateRunner, delegates: Sequence[Delegate]) -> list[tuple[Delegate, CniError]]:
+    """DEL ``delegates`` last-first; every one is tried, those that failed are returned (in the
+    order they were tried) with their error."""
+    failed: list[tuple[Delegate, CniError]] = []
     for delegate in reversed(delegates):
         try:
             runner.delete(delegate)
         except (CniError, OSError) as exc:
             err = _as_cni_error(exc)
             log.error("DEL of network %s (%s) failed: %s", delegate.network, delegate.ifname, err.msg)
-            errors.append(CniError(err.code, f"network {delegate.network} ({delegate.ifname}): {err.msg}"))
-    return errors
+            failed.append(
+                (delegate, CniError(err.code, f"network {delegate.network} ({delegate.ifname}): {err.msg}"))
+            )
+    return failed
 
 
 def _as_cni_error(exc: BaseException) -> CniError:

@@ -17,8 +17,9 @@ from typing import Any
 from rdma_cni.cni import conflist
 from rdma_cni.cni import version as cniver
 from rdma_cni.cni.cache import CacheEntry, ResultCache
-from rdma_cni.cni.errors import CHECK_FAILED, CniError
-from rdma_cni.cni.invoke import exec_plugin, find_plugin
+from rdma_cni.cni.errors import CHECK_FAILED, IO_FAILURE, CniError
+from rdma_cni.cni.invoke import exec_plugin, find_plugin, is_plain_name
+from rdma_cni.cni.netns_guard import overridden
 
 log = logging.getLogger("rdma_cni.multus")
 
@@ -88,13 +89,31 @@ class DelegateRunner:
         return result
 
     def delete(self, d: Delegate) -> None:
+        """DEL every plugin of the network, last first, each one even when another failed (DEL is
+        best effort); the first failure is raised and the cached result kept for the retry. A plugin
+        whose type can never run (a path, not a plain name) is logged and skipped: retrying it could
+        never succeed and would keep the pod from ever going away."""
         net = d.net()
         cached = self.cache.read(d.network, self.container_id, d.ifname)
         prev = None
         if cached is not None and cached.result and cniver.at_least(net.cni_version, "0.4.0"):
             prev = conflist.convert_result(cached.result, net.cni_version)
+        first: CniError | None = None
         for index in reversed(range(len(net.plugins))):
-            self._exec(d, net, index, net.plugins[index], "DEL", prev)
+            plugin = net.plugins[index]
+            if not is_plain_name(plugin.get("type")):
+                log.error("delegate DEL %s (%s): plugin type %r can never run: skipped", d.network,
+                          d.ifname, plugin.get("type"))
+                continue
+            try:
+                self._exec(d, net, index, plugin, "DEL", prev)
+            except (CniError, OSError) as exc:
+                err = exc if isinstance(exc, CniError) else CniError(IO_FAILURE, f"{exc}")
+                log.error("delegate DEL %s (%s) plugin %s failed: %s", d.network, d.ifname, plugin["type"],
+                          err.msg)
+                first = first or err
+        if first is not None:
+            raise first
         self.cache.delete(d.network, self.container_id, d.ifname)
 
     def check(self, d: Delegate) -> None:
@@ -130,6 +149,8 @@ class DelegateRunner:
 
     def _env(self, d: Delegate) -> dict[str, str]:
         env = {k: v for k, v in self.base_env.items() if not k.startswith("CNI_")}
+        if overridden(self.base_env):  # the runtime allowed its own netns: so do the delegates
+            env["CNI_NETNS_OVERRIDE"] = self.base_env["CNI_NETNS_OVERRIDE"]
         env.update(
             CNI_CONTAINERID=self.container_id,
             CNI_NETNS=self.netns,
