@@ -414,3 +414,19 @@ def test_state_command_names_the_pod_and_what_the_host_misses(node: netns.Node, 
     inv = json.loads(gone.stdout)
     assert inv["attachments"][0]["netnsAlive"] is False
     assert inv["missing"][0]["bond"] == "bond0" and inv["missing"][0]["addresses"] == ["198.51.100.2/28"]
+
+
+def test_a_deleted_attachment_waiting_for_its_ipam_release_is_a_warning(tmp_path: Path) -> None:
+    """A DEL that gave the bond back but could not release the IPAM lease leaves an ipam-pending
+    record without bonds: doctor says what it waits for, not that a bond is pinned."""
+    from rdma_cni.doctor.node import NodeSnapshot
+    from rdma_cni.doctor.state_checks import check_state
+    from rdma_cni.state import PHASE_IPAM_PENDING
+
+    rec = AttachmentRecord(container_id="c0ffee", ifname="net1", netns="/run/netns/h15-gone",
+                           netns_inode=4026531999, phase=PHASE_IPAM_PENDING, ipam={"type": "host-local"})
+    snap = NodeSnapshot(paths=NodePaths(), data_dir=str(tmp_path), run_dir=str(tmp_path), ports=[], gids={},
+                        host_addrs={}, attachments=[rec], unreadable_state=[], netns_alive={"c0ffee": False})
+    (finding,) = check_state(snap)
+    assert finding.status == WARN
+    assert "IPAM lease (host-local) is not released yet" in finding.detail and "pins" not in finding.detail

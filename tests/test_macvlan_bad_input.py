@@ -335,3 +335,47 @@ def test_a_pod_netns_is_not_mistaken_for_the_own_one(node_ns: Node) -> None:
     assert n.plugin("CHECK", conf, pod).code == 0
     assert n.plugin("DEL", conf, pod).code == 0
     assert_clean(n, before)
+
+
+# ------------------------------------------------------------------ other keys: stop (7/4) or retry (11)
+@pytest.mark.parametrize(
+    ("keys", "extra", "code", "named"),
+    [
+        ({"count": 2}, {}, 7, "'count' is 2"),
+        ({"runtimeConfig": {"mac": "zz:00:00:00:00:01"}}, {}, 7, "runtimeConfig.mac"),
+        ({"runtimeConfig": {"mac": "01:00:5e:00:00:01"}}, {}, 7, "runtimeConfig.mac"),  # multicast
+        ({}, {"CNI_ARGS": "IgnoreUnknown=1;MAC=02:00:00:00:01"}, 4, "CNI_ARGS MAC"),
+        ({"mtu": 9000}, {}, 7, "'mtu'"),
+    ],
+)
+def test_inputs_that_can_never_succeed_stop_with_their_code_and_change_nothing(
+    node_ns: Node, keys: dict[str, object], extra: dict[str, str], code: int, named: str
+) -> None:
+    n = node_ns
+    before = bond0(n)
+    pod = n.pod()
+    conf = n.config(masters=["bond0"], **keys)
+    res = n.plugin("ADD", conf, pod, extra=extra)
+    assert res.code == 1 and res.out["code"] == code, res.out
+    assert named in res.out["msg"]
+    assert_clean(n, before)
+    assert links_in(n, pod) == ["lo"]
+    assert n.plugin("DEL", conf, pod, extra=extra).code == 0
+    assert_next_pod_gets_the_bond(n, before)
+
+
+def test_del_with_a_config_broken_after_add_still_gives_the_bond_back(node_ns: Node) -> None:
+    """The config was edited between ADD and DEL (an upgrade, a typo): DEL must still undo ADD."""
+    n = node_ns
+    before = bond0(n)
+    pod = n.pod()
+    assert n.plugin("ADD", n.config(masters=["bond0"]), pod).code == 0
+    broken = n.config(masters="bond0", mode="bridgee", rdma={"gidIndex": "three"}, ipam={"kind": "x"})
+    assert n.plugin("ADD", broken, n.pod(), container_id="c2").out["code"] == 7  # ADD still refuses it
+    res = n.plugin("DEL", broken, pod)
+    assert res.code == 0, res.stdout
+    assert links_in(n, pod) == ["lo"]
+    log_text = plugin_log(n)
+    assert "'mode'" in log_text and "using its default to clean up" in log_text
+    assert_clean(n, before)
+    assert_next_pod_gets_the_bond(n, before)

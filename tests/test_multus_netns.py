@@ -612,3 +612,168 @@ def test_rollback_keeps_what_would_not_delete_for_the_runtimes_del(
     assert code == 0, out
     assert links(pod) == {"lo"}
     assert node.leftovers() == CLEAN_NODE
+
+
+def _flaky(node: Node, name: str, real: str, flag: Path) -> None:
+    """A delegate binary that answers DEL with error 11 while ``flag`` exists, else runs ``real``."""
+    path = node.bin_dir / name
+    path.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$CNI_COMMAND" = DEL ] && [ -e {flag} ]; then\n'
+        '  echo \'{"cniVersion":"1.0.0","code":11,"msg":"delegate store unreachable"}\'; exit 1\n'
+        "fi\n"
+        f"exec {REF / real}\n"
+    )
+    path.chmod(0o755)
+
+
+def _assert_next_pod_gets_its_networks(node: Node, conf: dict[str, Any]) -> None:
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c2", pod)
+    assert code == 0, result
+    assert links(pod) == {"lo", "eth0", "net1"}
+    assert node.run("DEL", conf, "c2", pod)[0] == 0
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
+
+
+def _kept(node: Node) -> tuple[list[str], list[str]]:
+    """(networks still in the plan of c1/eth0, result-cache files left)."""
+    plan = json.loads((node.cache_dir / "attachments" / "c1-eth0.json").read_text())
+    results = sorted(p.name for p in (node.cache_dir / "results").iterdir())
+    return [d["network"] for d in plan["delegates"]], results
+
+
+def test_del_with_a_delegate_binary_gone_deletes_the_others_and_keeps_only_it(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    wrapper = node.bin_dir / "logged-macvlan"
+    body = wrapper.read_text()
+    wrapper.unlink()  # the RDMA network's plugin was uninstalled while the pod ran
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code != 0 and out["code"] == 7, out
+    assert "tke-rdma-macvlan (net1)" in out["msg"] and "logged-macvlan" in out["msg"]
+    assert links(pod) == {"lo", "net1"}  # the default network is deleted all the same
+    assert _kept(node) == (["tke-rdma-macvlan"], ["tke-rdma-macvlan-c1-net1"])
+    code, out = node.run("DEL", conf, "c1", pod)  # the retry tries only what is left
+    assert code != 0 and out["code"] == 7
+    wrapper.write_text(body)
+    wrapper.chmod(0o755)
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
+    _assert_next_pod_gets_its_networks(node, conf)
+
+
+def test_del_with_a_failing_delegate_deletes_the_others_and_retries_only_it(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    flag = tmp_path / "refuse-del"
+    _flaky(node, "flaky-ptp", "ptp", flag)
+    node.network("h5-flaky", {"plugins": [{
+        "type": "flaky-ptp", "ipMasq": False,
+        "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir),
+                 "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    flag.touch()
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code != 0 and out["code"] == 11 and "h5-flaky (eth0)" in out["msg"], out
+    assert links(pod) == {"lo", "eth0"}  # net1 went although the default network refused
+    assert _kept(node) == (["h5-flaky"], ["h5-flaky-c1-eth0"])
+    flag.unlink()
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
+    _assert_next_pod_gets_its_networks(node, conf)
+
+
+def test_a_delegate_type_that_can_never_run_is_skipped_on_del(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    """ADD refuses a plugin type that is a path (7, before anything runs); a plan that holds one
+    anyway (written by an older rdma-multus, or edited) is skipped on DEL with an error in the log,
+    so the pod can still go away, and the other networks are deleted."""
+    node.network("h5-pathy", {"plugins": [{"type": "../../../bin/sh"}]})
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-pathy"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, err = node.run("ADD", conf, "c1", pod)
+    assert code != 0 and err["code"] == 7 and "plain executable name" in err["msg"], err
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    plan_file = node.cache_dir / "attachments" / "c1-eth0.json"
+    plan = json.loads(plan_file.read_text())
+    rdma = next(d for d in plan["delegates"] if d["network"] == "tke-rdma-macvlan")
+    rdma["config"] = rdma["config"].replace('"logged-macvlan"', '"../../../bin/sh"')
+    plan_file.write_text(json.dumps(plan))
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo", "net1"}  # eth0 deleted; net1's plugin could never be run
+    assert "plugin type '../../../bin/sh' can never run: skipped" in (node.root / "multus.log").read_text()
+    assert not plan_file.exists() and node.leftovers()["cache"] == []
+
+
+def test_multus_refuses_its_own_netns_and_passes_the_override_on(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    code, err = node.run("ADD", conf, "c1", node.name)  # the node netns: where the plugin runs
+    assert code != 0 and err["code"] == 8, err
+    assert err["msg"] == "plugin's netns and netns from CNI_NETNS should not be the same"
+    assert node.leftovers() == CLEAN_NODE
+    assert node.delegate_calls() == []
+
+
+def test_add_after_a_failed_add_undoes_the_recorded_attempt_first(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    """ADD fails at the 2nd network and the 1st will not DEL; the runtime's retry with a fixed
+    annotation undoes the recorded attempt by DEL's rules before it runs anything."""
+    flag = tmp_path / "refuse-del"
+    _flaky(node, "flaky-ptp", "ptp", flag)
+    node.network("h5-flaky", {"plugins": [{
+        "type": "flaky-ptp", "ipMasq": False,
+        "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir),
+                 "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-broken"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
+    pod = node.pod_netns()
+    flag.touch()
+    code, err = node.run("ADD", conf, "c1", pod)
+    assert code != 0 and "h5-broken" in err["msg"]
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
+    code, err = node.run("ADD", conf, "c1", pod)  # the earlier attempt still will not go
+    assert code != 0 and err["code"] == 11 and "earlier ADD" in err["msg"], err
+    assert links(pod) == {"lo", "eth0"}
+    flag.unlink()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    assert links(pod) == {"lo", "eth0", "net1"}
+    assert node.run("DEL", conf, "c1", pod)[0] == 0
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
+
+
+def test_del_with_a_config_broken_after_add_still_deletes_every_network(
+    node: Node, api: KubeServer, tmp_path: Path
+) -> None:
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
+    conf = node.config(api.kubeconfig(tmp_path / "kc"))
+    pod = node.pod_netns()
+    code, result = node.run("ADD", conf, "c1", pod)
+    assert code == 0, result
+    broken = {**conf, "apiTimeoutSeconds": "soon", "defaultDelegates": 5}
+    code, out = node.run("DEL", broken, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
+    assert "using its default to clean up" in (node.root / "multus.log").read_text()

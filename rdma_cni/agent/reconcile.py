@@ -99,12 +99,12 @@ class Reconciler:
 
     def _by_data_dir(self) -> Iterator[tuple[str, dict[str, Network]]]:
         from rdma_cni.cni.errors import CniError
-        from rdma_cni.plugins.macvlan_config import parse_config
+        from rdma_cni.plugins.macvlan_config import parse_del_config
 
         groups: dict[str, dict[str, Network]] = {}
         for net in self.networks():
             try:
-                data_dir = parse_config(net.conf).data_dir
+                data_dir = parse_del_config(net.conf)[0].data_dir  # DEL's reading: only dataDir must be valid
             except CniError as exc:
                 log.warning(
                     "reconcile: %s (%s) is not a valid rdma-macvlan config: %s", net.name, net.source, exc.msg

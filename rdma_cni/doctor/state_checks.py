@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
-from rdma_cni.state import PHASE_ADDING
+from rdma_cni.state import PHASE_ADDING, PHASE_IPAM_PENDING
 
 
 def check_state(snap: NodeSnapshot) -> list[Finding]:
@@ -24,7 +24,17 @@ def check_state(snap: NodeSnapshot) -> list[Finding]:
     for rec in snap.attachments:
         bonds = ", ".join(b.bond for b in rec.bonds) or "no bond yet"
         who = f"container {rec.container_id[:12]} ({rec.ifname})"
-        if not snap.netns_alive.get(rec.container_id, False):
+        if rec.phase == PHASE_IPAM_PENDING:
+            ipam = (rec.ipam or {}).get("type")
+            out.append(
+                Finding(
+                    "state",
+                    WARN,
+                    f"{who} was deleted but its IPAM lease ({ipam}) is not released yet; it holds no bond",
+                    "the runtime retries DEL until the IPAM plugin answers: check that plugin",
+                )
+            )
+        elif not snap.netns_alive.get(rec.container_id, False):
             out.append(
                 Finding(
                     "state",

@@ -7,10 +7,12 @@ A failure anywhere undoes every bond of the attachment (:func:`macvlan_tx.teardo
 step and the bond.
 DEL (under the attachment's claim only): record -> pod interfaces deleted (if that netns is still
 the recorded one) -> the bond's addresses, routes and rules replayed (not when the bond was
-re-addressed meanwhile: its present configuration wins, noted for state/doctor) -> record removed.
-Works without the pod netns, without state, and twice. GC: DEL for every recorded attachment the runtime
-no longer lists. STATUS: could an ADD succeed now. See :mod:`rdma_cni.plugins.macvlan_tx` for the
-step order and the test failpoints.
+re-addressed meanwhile: its present configuration wins, noted for state/doctor) -> IPAM released
+-> record removed. Works without the pod netns, without state, twice, and whatever is wrong with
+the config or the IPAM plugin: our own undo always happens; an IPAM failure is reported after it,
+with the record cut down to the IPAM part (no pins) for the retry. GC: DEL for every recorded
+attachment the runtime no longer lists. STATUS: could an ADD succeed now. See
+:mod:`rdma_cni.plugins.macvlan_tx` for the step order and the test failpoints.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni import log as logconf
@@ -514,10 +517,20 @@ def _ipam_ipv4(ctx: tx.AddContext, i: int) -> str | None:
     return next((ip for ip, _ in ctx.extra_ips.get(i, []) if ":" not in ip), None)
 
 
+_MAC_RE = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
+
+
 def _requested_mac(req: Request) -> str:
-    mac = req.runtime_config.get("mac") or req.args.get("MAC", "")
-    if not isinstance(mac, str):
-        raise CniError(INVALID_CONFIG, "runtimeConfig.mac must be a string like 02:00:00:00:00:01")
+    """The pod's MAC from ``runtimeConfig.mac`` (7 when bad) or ``CNI_ARGS`` ``MAC=`` (4 when bad):
+    checked before anything is changed, since the kernel's refusal would come mid-transaction."""
+    if req.runtime_config.get("mac") not in (None, ""):
+        mac, where, code = req.runtime_config["mac"], "runtimeConfig.mac", INVALID_CONFIG
+    else:
+        mac, where, code = req.args.get("MAC", ""), "CNI_ARGS MAC", INVALID_ENV
+    if mac == "":
+        return ""
+    if not isinstance(mac, str) or not _MAC_RE.fullmatch(mac) or int(mac[:2], 16) & 1:
+        raise CniError(code, f"{where} is {mac!r}: it must be a unicast MAC like 02:00:00:00:00:01")
     return mac
 
 

@@ -81,6 +81,7 @@ def choose_bonds(
         wanted = list(dict.fromkeys(wanted))
     else:
         opaque = count
+    _check_enough(masters, len(wanted) + opaque, "count" if not ids else "")
     for bond in wanted:
         holder = pins.get(bond)
         if holder is not None and holder != me:
@@ -107,6 +108,18 @@ def choose_bonds(
             + describe_pins(pins) + (f"; not usable now: {'; '.join(unusable)}" if unusable else ""),
         )
     return wanted + free
+
+
+def _check_enough(masters: Sequence[str], need: int, key: str) -> None:
+    """Asking for more bonds than the network has can never succeed: a config error (7), not "no
+    free bond, try again" (11)."""
+    if need <= len(masters):
+        return
+    asked = f"config key 'count' is {need}" if key else f"the pod asks for {need} bonds (its device IDs)"
+    raise CniError(
+        INVALID_CONFIG,
+        f"{asked}, but 'masters' has only {len(masters)} ({list(masters)}): lower it or list more bonds",
+    )
 
 
 def _who(att: Attachment) -> str:

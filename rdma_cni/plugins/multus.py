@@ -28,7 +28,6 @@ from rdma_cni.cni.errors import (
     IO_FAILURE,
     STATE_CORRUPT,
     STATUS_UNAVAILABLE,
-    TRY_AGAIN_LATER,
     CniError,
 )
 from rdma_cni.cni.invoke import find_plugin
@@ -36,7 +35,7 @@ from rdma_cni.cni.request import Attachment, Request
 from rdma_cni.cni.result import Result
 from rdma_cni.cni.result import parse as parse_result
 from rdma_cni.plugins import multus_status
-from rdma_cni.plugins.multus_config import MultusConfig, parse_config
+from rdma_cni.plugins.multus_config import MultusConfig, parse_cleanup_config, parse_config
 from rdma_cni.plugins.multus_delegates import Delegate, DelegateRunner, gc_network, status_network
 from rdma_cni.plugins.multus_nad import load_network
 from rdma_cni.plugins.multus_networks import NetworkSelection
@@ -50,11 +49,9 @@ class Multus:
     def add(self, req: Request) -> Result:
         cfg = _config(req)
         store = PlanStore(cfg.cache_dir)
-        if store.load(req.container_id, req.ifname) is not None:
-            raise CniError(
-                TRY_AGAIN_LATER,
-                f"container {req.container_id} {req.ifname} is already set up by rdma-multus: DEL it first",
-            )
+        earlier = store.load(req.container_id, req.ifname)
+        if earlier is not None:
+            _undo_earlier(req, cfg, store, earlier)
         pod = PodView(req, cfg)
         wanted = _networks(req, cfg, pod.selections())
         plan = AttachmentPlan(
@@ -78,7 +75,7 @@ class Multus:
         return _merge(plan.delegates, results)
 
     def delete(self, req: Request) -> None:
-        cfg = _config(req)
+        cfg = _cleanup_config(req)
         store = PlanStore(cfg.cache_dir)
         try:
             plan = store.load(req.container_id, req.ifname)
@@ -111,7 +108,7 @@ class Multus:
             runner.check(delegate)
 
     def gc(self, req: Request) -> None:
-        cfg = _config(req)
+        cfg = _cleanup_config(req)
         if req.valid_attachments is None:
             log.info("GC without cni.dev/valid-attachments: nothing is known to be stale")
             return
@@ -148,6 +145,33 @@ def _config(req: Request) -> MultusConfig:
     cfg = parse_config(req.config)
     rdma_log.configure(cfg.log_file, cfg.log_level)
     return cfg
+
+
+def _cleanup_config(req: Request) -> MultusConfig:
+    """DEL/GC: a config problem must not keep the pod's networks from being deleted."""
+    cfg, problems = parse_cleanup_config(req.config)
+    rdma_log.configure(cfg.log_file, cfg.log_level)
+    for problem in problems:
+        log.warning("%s %s %s: %s; using its default to clean up", req.command, req.container_id, req.ifname,
+                    problem)
+    return cfg
+
+
+def _undo_earlier(req: Request, cfg: MultusConfig, store: PlanStore, plan: AttachmentPlan) -> None:
+    """An ADD for an attachment that has a plan (a failed ADD whose DEL never came, or a repeated
+    ADD) first deletes what that plan ran, by DEL's rules; what will not delete stays in the plan
+    and fails this ADD with that delegate's error."""
+    log.warning("ADD %s %s: an earlier attempt is recorded; undoing it first", req.container_id, req.ifname)
+    netns = plan.netns if plan.netns and os.path.exists(plan.netns) else ""
+    failed = _undo(_runner(req, cfg, netns=netns), plan.delegates)
+    if not failed:
+        store.remove(req.container_id, req.ifname)
+        return
+    plan.delegates = [d for d, _ in failed][::-1]
+    store.save(plan)
+    err = failed[0][1]
+    raise CniError(err.code, f"undoing the earlier ADD of {req.container_id} {req.ifname}: {err.msg}",
+                   err.details)
 
 
 def _recover_plan(req: Request, cfg: MultusConfig) -> AttachmentPlan:

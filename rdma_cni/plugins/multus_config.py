@@ -11,7 +11,7 @@ configs customarily carry fields for other tools.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,26 +46,59 @@ class MultusConfig:
         return self.bin_dirs or tuple(cni_path)
 
 
+def _kubelet_root(raw: Mapping[str, Any]) -> str:
+    return _str(raw, "kubeletRootDir", MultusConfig.kubelet_root_dir, absolute=True)
+
+
+# Each field and how it is read from the raw config (one table, for ADD's strict reading and DEL's).
+_FIELDS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "default_delegates": lambda raw: _delegates(raw),
+    "kubeconfig": lambda raw: _str(raw, "kubeconfig", ""),
+    "conf_dir": lambda raw: _str(raw, "confDir", MultusConfig.conf_dir, absolute=True),
+    "annotation": lambda raw: _str(raw, "annotation", DEFAULT_ANNOTATION) or DEFAULT_ANNOTATION,
+    "bin_dirs": lambda raw: _bin_dirs(raw),
+    "cache_dir": lambda raw: _str(raw, "cacheDir", MultusConfig.cache_dir, absolute=True),
+    "kubelet_root_dir": _kubelet_root,
+    "device_plugin_dir": lambda raw: _str(
+        raw, "devicePluginDir", os.path.join(_kubelet_root(raw), "device-plugins"), True
+    ),
+    "pod_resources_dir": lambda raw: _str(
+        raw, "podResourcesDir", os.path.join(_kubelet_root(raw), "pod-resources"), True
+    ),
+    "pod_resources_timeout": lambda raw: _number(
+        raw, "podResourcesTimeoutSeconds", MultusConfig.pod_resources_timeout
+    ),
+    "rdma_resource": lambda raw: (
+        _str(raw, "rdmaResourceName", DEFAULT_RDMA_RESOURCE) or DEFAULT_RDMA_RESOURCE
+    ),
+    "api_timeout": lambda raw: _number(raw, "apiTimeoutSeconds", MultusConfig.api_timeout),
+    "api_attempts": lambda raw: int(_number(raw, "apiAttempts", MultusConfig.api_attempts, integer=True)),
+    "delegate_timeout": lambda raw: _number(raw, "delegateTimeoutSeconds", MultusConfig.delegate_timeout),
+    "log_file": lambda raw: _str(raw, "logFile", MultusConfig.log_file),
+    "log_level": lambda raw: _str(raw, "logLevel", MultusConfig.log_level),
+}
+# What DEL/GC cannot do without: where the plans and result caches are.
+CLEANUP_ESSENTIAL = frozenset({"cache_dir"})
+
+
 def parse_config(raw: Mapping[str, Any]) -> MultusConfig:
-    kubelet_root = _str(raw, "kubeletRootDir", MultusConfig.kubelet_root_dir, absolute=True)
-    return MultusConfig(
-        default_delegates=_delegates(raw),
-        kubeconfig=_str(raw, "kubeconfig", ""),
-        conf_dir=_str(raw, "confDir", MultusConfig.conf_dir, absolute=True),
-        annotation=_str(raw, "annotation", DEFAULT_ANNOTATION) or DEFAULT_ANNOTATION,
-        bin_dirs=_bin_dirs(raw),
-        cache_dir=_str(raw, "cacheDir", MultusConfig.cache_dir, absolute=True),
-        kubelet_root_dir=kubelet_root,
-        device_plugin_dir=_str(raw, "devicePluginDir", os.path.join(kubelet_root, "device-plugins"), True),
-        pod_resources_dir=_str(raw, "podResourcesDir", os.path.join(kubelet_root, "pod-resources"), True),
-        pod_resources_timeout=_number(raw, "podResourcesTimeoutSeconds", MultusConfig.pod_resources_timeout),
-        rdma_resource=_str(raw, "rdmaResourceName", DEFAULT_RDMA_RESOURCE) or DEFAULT_RDMA_RESOURCE,
-        api_timeout=_number(raw, "apiTimeoutSeconds", MultusConfig.api_timeout),
-        api_attempts=int(_number(raw, "apiAttempts", MultusConfig.api_attempts, integer=True)),
-        delegate_timeout=_number(raw, "delegateTimeoutSeconds", MultusConfig.delegate_timeout),
-        log_file=_str(raw, "logFile", MultusConfig.log_file),
-        log_level=_str(raw, "logLevel", MultusConfig.log_level),
-    )
+    return MultusConfig(**{name: read(raw) for name, read in _FIELDS.items()})
+
+
+def parse_cleanup_config(raw: Mapping[str, Any]) -> tuple[MultusConfig, list[str]]:
+    """The config for DEL/GC, which replay what ADD recorded whatever is wrong with the config now:
+    a key that does not validate falls back to its default and its problem is returned for the
+    log; only a bad ``cacheDir`` is still error 7."""
+    values: dict[str, Any] = {"default_delegates": ()}
+    problems = []
+    for name, read in _FIELDS.items():
+        try:
+            values[name] = read(raw)
+        except CniError as exc:
+            if name in CLEANUP_ESSENTIAL:
+                raise
+            problems.append(exc.msg)
+    return MultusConfig(**values), problems
 
 
 def _fail(key: str, problem: str) -> CniError:
