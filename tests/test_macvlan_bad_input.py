@@ -181,6 +181,25 @@ def test_ipam_binary_missing_at_del_is_reported_and_retried_alone(node_ns: Node)
     assert_next_pod_gets_the_bond(n, before)
 
 
+def test_gc_gives_the_bond_back_and_retries_only_the_ipam_release(node_ns: Node) -> None:
+    n = node_ns
+    ipam = Ipam(n)
+    before = bond0(n)
+    pod = n.pod()
+    conf = n.config(masters=["bond0"], ipam=ipam.config())  # Debian's host-local speaks up to 1.0.0
+    assert n.plugin("ADD", conf, pod, extra=ipam.env()).code == 0
+    gc = {**conf, "cniVersion": "1.1.0", "cni.dev/valid-attachments": []}
+    ipam.fail("DEL")
+    res = n.plugin("GC", gc, "", container_id="", ifname="", extra=ipam.env())
+    assert res.code == 1 and res.out["code"] == 11 and "IPAM store unreachable" in res.out["msg"], res.out
+    assert links_in(n, pod) == ["lo"] and n.pins() == {} and n.snapshot() == before
+    ipam.fail("DEL", on=False)
+    assert n.plugin("GC", gc, "", container_id="", ifname="", extra=ipam.env()).code == 0
+    assert ipam.leases() == []
+    assert_clean(n, before)
+    assert_next_pod_gets_the_bond(n, before)
+
+
 def test_del_without_a_record_still_releases_ipam_and_reports_its_failure(node_ns: Node) -> None:
     """The runtime's DEL for an ADD that never got as far as the record: IPAM's DEL must still run."""
     n = node_ns

@@ -426,7 +426,8 @@ class MacvlanPlugin:
             raise CniError(INVALID_CONFIG, "GC needs 'cni.dev/valid-attachments' (the runtime's live list)")
         valid = set(req.valid_attachments)
         state = NodeState(cfg.data_dir)
-        failures = []
+        failures: list[str] = []
+        first_code = NETLINK_FAILURE
         fp = tx.Failpoints(req.env)
         with state.locked():
             fp.hit("del-locked")
@@ -444,12 +445,14 @@ class MacvlanPlugin:
                         try:
                             self._forget(req, cfg, state, rec, host, "", fp, locked=True)
                         except CniError as exc:
+                            first_code = exc.code if not failures else first_code
                             failures.append(f"{rec.container_id}/{rec.ifname}: {exc.msg}")
                 macvlan_rdma.refresh_host_record(cfg, host)
             finally:
                 host.close()
         if failures:
-            raise CniError(NETLINK_FAILURE, "GC could not clean up: " + "; ".join(failures))
+            # The first failure's code: an IPAM that answered 11 makes GC's answer 11 too.
+            raise CniError(first_code, "GC could not clean up: " + "; ".join(failures))
 
     # ---------------------------------------------------------------- STATUS
     def status(self, req: Request) -> None:
