@@ -245,6 +245,9 @@ def test_prometheus_sees_the_bond_lent_to_the_pod_then_back_on_the_host(
     code = str(res.out["code"])
     wait_for("the error counted", lambda: prom.values(
         f'rdma_cni_cni_call_errors_total{{plugin="rdma-macvlan",verb="ADD",code="{code}"}}'))
+    # Reporting left nothing behind in the workers: each went back to waiting for the next call.
+    log = Path(n.tmp, "agent.log").read_text()
+    assert "exits after its call" not in log and "served rdma-macvlan DEL" in log
 
 
 def port_holders(agent: Agent) -> list[int]:
