@@ -333,6 +333,8 @@ class MacvlanPlugin:
         """A bond pinned to a container whose netns is gone is given back before choosing bonds
         (unless that attachment's ADD or DEL is in flight: its claim is busy; it is skipped)."""
         for rec in state.attachments():
+            if not rec.bonds:  # ipam-pending: pins nothing; its IPAM retry (maybe slow) is DEL's/GC's
+                continue
             if rec.key == req.attachment or netns_inode(rec.netns) == rec.netns_inode:
                 continue
             with state.try_claim(rec.key) as free:
