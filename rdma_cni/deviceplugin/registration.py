@@ -35,6 +35,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -107,12 +108,22 @@ def prove_answers(socket_path: str, timeout: float = PROVE_TIMEOUT_S) -> None:
 
 
 def register(kubelet_socket: str, endpoint: str, resource_name: str,
-             timeout: float = REGISTER_TIMEOUT_S) -> None:
-    """v1beta1 Register of ``endpoint`` (a file name in kubelet's directory); grpc.RpcError if refused."""
+             timeout: float = REGISTER_TIMEOUT_S, abandon: Callable[[], bool] | None = None) -> bool:
+    """v1beta1 Register of ``endpoint`` (a file name in kubelet's directory): True when kubelet took
+    it, grpc.RpcError when it refused, False when ``abandon()`` turned true meanwhile (checked every
+    100 ms: a kubelet dialing back a socket its own start-up just deleted would wait its full 10 s)."""
     with grpc.insecure_channel(f"unix:{kubelet_socket}") as channel:
         request = pb.RegisterRequest(version=VERSION, endpoint=endpoint, resource_name=resource_name,
                                      options=OPTIONS)
-        pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
+        call = pb_grpc.RegistrationStub(channel).Register.future(request, timeout=timeout)
+        while True:
+            try:
+                call.result(timeout=POLL_S)
+                return True
+            except grpc.FutureTimeoutError:
+                if abandon is not None and abandon():
+                    call.cancel()
+                    return False
 
 
 @dataclass
@@ -247,8 +258,15 @@ class Lifecycle:
     def _try_register(self, gen: Generation) -> bool:
         started = time.monotonic()
         self._kick.clear()  # kubelet opens its stream after Register returns
+        inode = socket_inode(self._kubelet)
+
+        def moot() -> bool:  # the registration can no longer hold: start over instead of waiting
+            return socket_inode(gen.path) != gen.inode or socket_inode(self._kubelet) != inode
+
         try:
-            register(self._kubelet, gen.endpoint, self._cfg.resource_name)
+            if not register(self._kubelet, gen.endpoint, self._cfg.resource_name, abandon=moot):
+                log.info("registration of %s abandoned: a socket changed meanwhile", gen.endpoint)
+                return False
         except grpc.RpcError as e:
             self._note(f"refused-{e.code()}", logging.WARNING,
                        "kubelet at %s did not take the registration (%s: %s); retrying, backoff up to %ss",
