@@ -295,7 +295,10 @@ class Demo:
             confDir=str(delegates),
             kubeconfig="",
             cacheDir=str(self.tmp / "multus-cache"),
-            kubeletRootDir=str(self.tmp / "kubelet"),
+            kubeletRootDir=str(self.kubelet_root),
+            # kubelet keeps device-plugins/ (and its checkpoint) at a constant path, not under its
+            # root dir: name the demo's explicitly.
+            devicePluginDir=str(self.kubelet_root / "device-plugins"),
             logFile=str(self.tmp / "log" / "rdma-multus.log"),
         )
         (self.conf_dir / "00-rdma-multus.conflist").write_text(json.dumps(meta, indent=2))
