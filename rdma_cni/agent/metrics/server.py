@@ -11,9 +11,10 @@ it shares the agent's warm pages, imports prometheus_client only here (the paren
 load it), and runs at nice 19, so that on a saturated node a scrape waits for the CNI calls, not the
 other way round. Measured (scripts/bench --only warm-c --scrape-every 100, 8 simulated mlx5 devices
 with their counter files, ~420 samples, 52 KB): a scrape costs ~18 ms of CPU (about half of it
-prometheus_client's text rendering); on this 2-CPU machine at load 12-19 it took 0.26-0.7 s of
-wall time at nice 19, and warm ADD p50 scraped/not was 0.98-0.99 (30 and 60 cycles; CHECK 1.19-1.37,
-DEL 1.14-1.19, VERSION 0.62-0.93: the noise of that machine is of the same order). Raising the
+prometheus_client's text rendering); on this 2-CPU machine at load 10-19 it took 0.15-0.7 s of
+wall time at nice 19, and warm p50 scraped/not over three runs (30, 60, 60 cycles) was ADD
+0.98-1.18, CHECK 0.87-1.37, DEL 1.07-1.19, VERSION 0.62-0.98: within that loaded machine's noise,
+at 10 scrapes a second (Prometheus's default is one per 15-60 s). Raising the
 niceness needs no privilege (SCHED_IDLE would need CAP_SYS_NICE to undo and gives nearly the same
 weight: 3 against nice 19's 15).
 
