@@ -781,11 +781,15 @@ def test_back_to_back_bursts_while_surplus_workers_are_trimmed_lose_no_call(tmp_
 
 
 def _burst(sock: str, tmp: Path, tag: str, n: int = 6) -> set[int]:
-    """n overlapping calls; the pids of the workers that served them."""
+    """n overlapping calls; the pids of the workers that served them.
+
+    Each call holds its worker 2 s, so the n calls overlap even when starting a thread or forking a
+    worker takes a second on a loaded machine (0.5 s let a worker finish and be reused).
+    """
     answers: list[object] = []
 
     def call(i: int) -> None:
-        stdin = probe_conf(sleep=0.5, probeFile=str(tmp / f"{tag}{i}.json"))
+        stdin = probe_conf(sleep=2.0, probeFile=str(tmp / f"{tag}{i}.json"))
         answers.append(client.forward("probe", cni_env("ADD"), stdin, 30, sock))
 
     calls = [threading.Thread(target=call, args=(i,)) for i in range(n)]
@@ -800,12 +804,12 @@ def _burst(sock: str, tmp: Path, tag: str, n: int = 6) -> set[int]:
 def test_workers_left_from_a_burst_serve_the_next_burst_then_leave(tmp_path: Path) -> None:
     """Surplus idle workers stay --trim-after seconds: a second burst right after the first is
     served by the first one's (warm) workers, no fork; later only PREFORK idle workers remain."""
-    running = start_agent(tmp_path, "--trim-after", "5")
+    running = start_agent(tmp_path, "--trim-after", "12")
     try:
         first = _burst(running.sock, tmp_path, "a")
         assert len(first) == 6
         second = _burst(running.sock, tmp_path, "b")
         assert second == first
-        wait_for_children(running.pid, 2, timeout=30)
+        wait_for_children(running.pid, 2, timeout=60)
     finally:
         stop(running.proc)
