@@ -852,9 +852,11 @@ def v2_index6(device: str, ipv6: str) -> int | None:
 
 
 def addresses6(ifname: str) -> list[str]:
-    argv = ["ip", "-j", "-6", "addr", "show", "dev", ifname, "scope", "global"]
-    data = json.loads(run(argv).stdout or "[]")
-    return [f"{a['local']}/{a['prefixlen']}" for link in data for a in link.get("addr_info", [])]
+    """Global IPv6 addresses of a link, in the kernel's order. Filtered here, not by ``ip ... scope
+    global``: its JSON then prints an empty object for each address it filtered out."""
+    data = json.loads(run(["ip", "-j", "-6", "addr", "show", "dev", ifname]).stdout or "[]")
+    return [f"{a['local']}/{a['prefixlen']}" for link in data for a in link.get("addr_info", [])
+            if a.get("scope") == "global" and "local" in a]
 
 
 def reboot_section() -> None:
