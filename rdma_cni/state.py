@@ -118,6 +118,9 @@ class AttachmentRecord:
     bonds: list[BondRecord] = field(default_factory=list)
     ipam: dict[str, Any] | None = None
     ipam_result: dict[str, Any] | None = None
+    # The IFLA_GROUP its pod interfaces are created in (one no other link of that pod netns used
+    # when it was chosen): DEL deletes them with one request. 0: none (records of older versions).
+    link_group: int = 0
     created: float = field(default_factory=time.time)
     schema: int = SCHEMA_VERSION
     # The pod as the runtime named it in CNI_ARGS (K8S_POD_NAMESPACE/K8S_POD_NAME; "" when it did

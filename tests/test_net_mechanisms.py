@@ -254,3 +254,54 @@ def test_a_dump_read_while_the_table_changes_misses_nothing(node_ns: Node, tmp_p
     finally:
         os.killpg(churn.pid, 9)
         churn.wait()
+
+
+def test_links_of_a_group_go_with_one_request_and_a_refusal_falls_back_to_one_by_one(node_ns: Node) -> None:
+    """``delete_together`` on the real kernel: a group holding only ours goes with one request; when
+    the kernel refuses the group request (here: ``lo``, which cannot be deleted, joined the group
+    after the caller looked), ours are deleted one by one and the link that is not ours stays."""
+    from rdma_cni.net.nlsock import NetlinkError
+
+    n = node_ns
+    n.bond("bond0", "198.51.100.2/28")
+    host, bond = _ns_ipr(n)
+    pod = n.pod()
+    try:
+        with open_netns(pod.path) as ns:
+            for i in range(3):
+                links.create_macvlan(host, bond, ns.fd, f"mv{i}", "bridge", group=70000)  # type: ignore[arg-type]
+            links.create_macvlan(host, bond, ns.fd, "mvother", "bridge", group=70001)  # type: ignore[arg-type]
+            ipr = netlink_in(ns)
+            try:
+                present = links.all_links(ipr)
+                assert {link.name: link.group for link in present} == {
+                    "lo": 0, "mv0": 70000, "mv1": 70000, "mv2": 70000, "mvother": 70001}
+                ours = [link for link in present if link.name in ("mv0", "mv1")]
+                done = links.delete_together(ipr, ours, 70000, present)  # mv2 is in it too: not ours
+                assert not done.batched and "also holds mv2" in done.why
+                assert sorted(link.name for link in links.all_links(ipr)) == ["lo", "mv2", "mvother"]
+                sh("ip", "-n", pod.name, "link", "set", "lo", "group", "70001")
+                with pytest.raises(NetlinkError) as err:
+                    ipr.link_del_group(70001)
+                assert err.value.code == 95  # EOPNOTSUPP: nothing of the group was deleted
+                stale = [link for link in present if link.name in ("lo", "mvother")]
+                done = links.delete_together(ipr, [stale[1]], 70001, [stale[0], stale[1]])
+                assert not done.batched and "refused" in done.why, done
+                left = {link.name: link.group for link in links.all_links(ipr)}
+                assert left == {"lo": 70001, "mv2": 70000}
+                mv2 = [link for link in links.all_links(ipr) if link.name == "mv2"]
+                assert links.delete_together(ipr, mv2, 70000, mv2) == links.Deleted(batched=True)
+                assert sorted(link.name for link in links.all_links(ipr)) == ["lo"]
+                with pytest.raises(NetlinkError) as err:
+                    ipr.link_del_group(70000)
+                assert err.value.code == 19  # ENODEV: an empty group
+            finally:
+                ipr.close()
+    finally:
+        host.close()  # type: ignore[attr-defined]
+
+
+def test_free_group_skips_taken_numbers_and_zero() -> None:
+    assert links.free_group({5, 6}, 5) == 7
+    assert links.free_group({links.GROUP_MAX}, links.GROUP_MAX) == 1
+    assert links.free_group(set(), 0) == 1

@@ -8,11 +8,16 @@ in the node netns under a name that could clash, and ~10x cheaper than add-then-
     create_macvlan(host, bond.index, ns.fd, "mvtmp1a2b", "bridge")
     link = configure_link(pod, "mvtmp1a2b", "bond0", mtu=1500, addrgen_off=True)
     set_up(pod, link.index)
+
+Link groups (IFLA_GROUP): the links of one attachment are made in a group of their own, so that one
+request deletes them all (:func:`delete_together`): the kernel then unregisters them as one batch
+and waits for one RCU grace period, not one per link (8 macvlans: ~25 ms instead of ~180 ms).
 """
 
 from __future__ import annotations
 
 import errno
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from rdma_cni.net.nlsock import IFF_LOOPBACK, IFF_UP, MACVLAN_MODE, LinkInfo, RtnlSocket
@@ -32,6 +37,7 @@ class Link:
     kind: str
     parent_index: int
     loopback: bool = False
+    group: int = 0
 
     def macvlan_parent_problem(self) -> str:
         """Why the kernel would refuse a macvlan on this link ("" when it would not): it needs an
@@ -53,6 +59,7 @@ def _link(info: LinkInfo) -> Link:
         kind=info.kind,
         parent_index=info.parent_index,
         loopback=bool(info.flags & IFF_LOOPBACK),
+        group=info.group,
     )
 
 
@@ -67,10 +74,11 @@ def all_links(ipr: RtnlSocket) -> list[Link]:
 
 
 def create_macvlan(
-    host: RtnlSocket, parent_index: int, netns_fd: int, name: str, mode: str, mac: str = ""
+    host: RtnlSocket, parent_index: int, netns_fd: int, name: str, mode: str, mac: str = "", group: int = 0
 ) -> None:
-    """Create a macvlan on ``parent_index`` (a node link) straight into the netns behind ``netns_fd``."""
-    host.macvlan_add(name, parent_index, netns_fd, mode, mac)
+    """Create a macvlan on ``parent_index`` (a node link) straight into the netns behind ``netns_fd``
+    (in link ``group`` from the start, when given: no moment where it exists outside it)."""
+    host.macvlan_add(name, parent_index, netns_fd, mode, mac, group)
 
 
 def configure_link(pod: RtnlSocket, temp_name: str, name: str, mtu: int, addrgen_off: bool) -> Link:
@@ -114,3 +122,61 @@ def delete_index(ipr: RtnlSocket, index: int) -> bool:
             return False
         raise
     return True
+
+
+GROUP_MAX = 0xFFFFFFFF
+
+
+def free_group(taken: Collection[int], start: int) -> int:
+    """The first link group from ``start`` on (wrapping, never 0) that is not in ``taken``."""
+    group = start
+    while group == 0 or group in taken:
+        group = (group + 1) & GROUP_MAX
+    return group
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """How :func:`delete_together` went: ``batched`` when one group request did it; else ``why``
+    says why it went one by one. ``others_gone``: links that were not ours yet vanished meanwhile
+    (a link someone put into our group after we looked would go with the batch)."""
+
+    batched: bool
+    why: str = ""
+    others_gone: tuple[str, ...] = ()
+
+
+def delete_together(ipr: RtnlSocket, ours: Sequence[Link], group: int, present: Sequence[Link]) -> Deleted:
+    """Delete the links ``ours`` of this netns (``present``: its links as just dumped).
+
+    One group request when ``group`` holds exactly links of ours; then a fresh dump verifies by
+    index that each of ours is gone and deletes any left one by one (one the kernel did not batch:
+    not in the group, or a refusal). A group that also holds a link not ours is never sent: it
+    would delete that link too; ours go one by one then.
+    """
+    mine = {link.index for link in ours}
+    if not mine:
+        return Deleted(batched=False, why="none of them exists")
+    members = [link for link in present if group and link.group == group]
+    why = ""
+    if not group:
+        why = "no link group recorded"
+    elif not members:
+        why = f"none of them is in link group {group}"
+    elif not {link.index for link in members} <= mine:
+        strangers = sorted(link.name for link in members if link.index not in mine)
+        why = f"link group {group} also holds {', '.join(strangers)}"
+    else:
+        try:
+            ipr.link_del_group(group)
+        except OSError as exc:
+            if error_code(exc) != errno.ENODEV:  # ENODEV: the group emptied meanwhile
+                why = f"the kernel refused to delete link group {group}: {exc}"
+    after = {link.index for link in ipr.link_dump()}
+    left = [link for link in ours if link.index in after]
+    if left and not why:
+        why = f"{', '.join(link.name for link in left)} outlived the group request"
+    for link in left:
+        delete_index(ipr, link.index)
+    gone = tuple(sorted(link.name for link in present if link.index not in after and link.index not in mine))
+    return Deleted(batched=not why, why=why, others_gone=gone)

@@ -56,6 +56,7 @@ IFLA_MTU = 4
 IFLA_LINK = 5
 IFLA_LINKINFO = 18
 IFLA_AF_SPEC = 26
+IFLA_GROUP = 27
 IFLA_NET_NS_FD = 28
 IFLA_INFO_KIND = 1
 IFLA_INFO_DATA = 2
@@ -95,6 +96,7 @@ class LinkInfo:
     flags: int
     kind: str
     parent_index: int
+    group: int = 0  # IFLA_GROUP: the link group (0, the default, for links nobody grouped)
 
 
 def nla(kind: int, value: bytes) -> bytes:
@@ -130,7 +132,7 @@ def parse_link(data: bytes) -> LinkInfo:
     """An RTM_NEWLINK message (header included) -> LinkInfo."""
     _, _, index, flags, _ = _IFINFOMSG.unpack_from(data, _NLMSGHDR.size)
     name = mac = kind = ""
-    mtu = parent = 0
+    mtu = parent = group = 0
     end = _NLMSGHDR.unpack_from(data)[0]
     for kind_id, value in attributes(data, _NLMSGHDR.size + _IFINFOMSG.size, end):
         if kind_id == IFLA_IFNAME:
@@ -141,11 +143,14 @@ def parse_link(data: bytes) -> LinkInfo:
             mtu = _U32.unpack_from(value)[0]
         elif kind_id == IFLA_LINK:
             parent = _U32.unpack_from(value)[0]
+        elif kind_id == IFLA_GROUP:
+            group = _U32.unpack_from(value)[0]
         elif kind_id == IFLA_LINKINFO:
             for sub, payload in attributes(value, 0, len(value)):
                 if sub == IFLA_INFO_KIND:
                     kind = _text(payload)
-    return LinkInfo(index=index, name=name, mac=mac, mtu=mtu, flags=flags, kind=kind, parent_index=parent)
+    return LinkInfo(index=index, name=name, mac=mac, mtu=mtu, flags=flags, kind=kind, parent_index=parent,
+                    group=group)
 
 
 def _mac_bytes(mac: str) -> bytes:
@@ -252,10 +257,15 @@ class RtnlSocket:
     def link_dump(self) -> list[LinkInfo]:
         return [parse_link(m) for m in self.dump(RTM_GETLINK, _IFINFOMSG.pack(0, 0, 0, 0, 0))]
 
-    def macvlan_add(self, name: str, parent: int, netns_fd: int, mode: str, mac: str = "") -> None:
-        """A macvlan on ``parent`` created straight into the netns behind ``netns_fd``."""
+    def macvlan_add(
+        self, name: str, parent: int, netns_fd: int, mode: str, mac: str = "", group: int = 0
+    ) -> None:
+        """A macvlan on ``parent`` created straight into the netns behind ``netns_fd``, in link
+        group ``group`` from its first moment (0: the default group)."""
         attrs = [nla(IFLA_IFNAME, name.encode() + b"\0"), nla(IFLA_LINK, _U32.pack(parent)),
                  nla(IFLA_NET_NS_FD, _U32.pack(netns_fd))]
+        if group:
+            attrs.append(nla(IFLA_GROUP, _U32.pack(group)))
         if mac:
             attrs.append(nla(IFLA_ADDRESS, _mac_bytes(mac)))
         data = nested(IFLA_INFO_DATA, nla(IFLA_MACVLAN_MODE, _U32.pack(MACVLAN_MODE[mode])))
@@ -282,6 +292,13 @@ class RtnlSocket:
 
     def link_del(self, index: int) -> None:
         self.request(RTM_DELLINK, _IFINFOMSG.pack(0, 0, index, 0, 0))
+
+    def link_del_group(self, group: int) -> None:
+        """Every link of ``group`` in this netns, deleted by one request (no index, no name): the
+        kernel unregisters them together, so they share one RCU grace period instead of waiting for
+        one each. The kernel refuses group 0 (EPERM), a group holding a link it cannot delete
+        (EOPNOTSUPP: none of them is deleted then) and an empty group (ENODEV)."""
+        self.request(RTM_DELLINK, _IFINFOMSG.pack(0, 0, 0, 0, 0) + nla(IFLA_GROUP, _U32.pack(group)))
 
     # -------------------------------------------------------------- addresses, routes, rules
     def send_message(self, msg: Any, msg_type: int, flags: int) -> None:

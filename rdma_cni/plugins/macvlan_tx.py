@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import signal
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ ADD_STEPS = (
 DEL_STEPS = ("del-locked", "del-pod-cleaned", "del-host-restored")
 POD_TABLE_BASE = 100  # pod-side per-bond routing tables: the first free ones from 100 up
 POD_RULE_PRIORITY = 100
+LINK_GROUP_FIRST = 1 << 16  # pod interfaces' link groups: 65536 ... 2**31-1 (hashed start, then probed)
+LINK_GROUP_SPAN = (1 << 31) - LINK_GROUP_FIRST
 
 
 class Failpoints:
@@ -127,7 +130,8 @@ class AddContext:
 def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     """Plug one bond into the pod; ``step[0]`` always names where we are (for the error message)."""
     step[0] = "create macvlan"
-    links.create_macvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.mode, ctx.mac if i == 0 else "")
+    links.create_macvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.mode, ctx.mac if i == 0 else "",
+                         group=ctx.rec.link_group)
     ctx.fp.hit("link-created")
     step[0] = "configure pod interface"
     # No kernel-made link-local in the pod, also when IPv6 moves: it would take a RoCE GID slot (the
@@ -260,14 +264,39 @@ def recorded_netns(rec: AttachmentRecord, netns_path: str) -> Netns | None:
     return None
 
 
+def pick_link_group(
+    rec: AttachmentRecord, pod_links: list[links.Link], others: list[AttachmentRecord]
+) -> int:
+    """The link group for this attachment's pod interfaces: one that no link of the pod netns is in
+    (``eth0`` and ``lo`` stay in group 0) and that no other recorded attachment of the same netns
+    holds (its interfaces may not exist yet). Starting from a number hashed from the attachment,
+    above the small numbers an admin would pick by hand, so a clash is rare even before the check."""
+    taken = {link.group for link in pod_links}
+    taken |= {o.link_group for o in others if o.netns_inode == rec.netns_inode and o.key != rec.key}
+    start = LINK_GROUP_FIRST + zlib.crc32(f"{rec.container_id}@{rec.ifname}".encode()) % LINK_GROUP_SPAN
+    return links.free_group(taken, start)
+
+
 def delete_pod_links(rec: AttachmentRecord, ns: Netns) -> None:
+    """Delete the attachment's pod interfaces, all of them with one request by link group (one
+    kernel grace period for all bonds), verified by index; one by one when that cannot be done."""
     pod = netlink_in(ns)
     try:
-        for b in rec.bonds:
-            for name in (b.pod_ifname, b.temp_name):
-                link = links.get_link(pod, name)
-                if link is not None and link.kind == "macvlan":  # ours: nothing else has that name
-                    links.delete_index(pod, link.index)
+        present = links.all_links(pod)
+        names = {name for b in rec.bonds for name in (b.pod_ifname, b.temp_name)}
+        # Ours: a macvlan with one of our names (nothing else has that name in this netns).
+        ours = [link for link in present if link.name in names and link.kind == "macvlan"]
+        done = links.delete_together(pod, ours, rec.link_group, present)
+        if done.batched:
+            log.debug("pod interfaces %s of %s/%s deleted with one request (link group %d)",
+                      [link.name for link in ours], rec.container_id, rec.ifname, rec.link_group)
+        elif ours and rec.link_group:
+            log.warning("pod interfaces of %s/%s deleted one by one: %s", rec.container_id, rec.ifname,
+                        done.why)
+        if done.others_gone:
+            log.error("while deleting the pod interfaces of %s/%s, %s vanished too (put into link group %d "
+                      "by someone else?)", rec.container_id, rec.ifname, ", ".join(done.others_gone),
+                      rec.link_group)
     finally:
         pod.close()
 
