@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from test_agent import (
     cni_env,
+    live_children,
     probe_conf,
     read_json,
     start_agent,
     stop,
-    wait_for_children,
 )
 
 from rdma_cni.agent import client, prefault
@@ -157,24 +157,94 @@ def test_stops_as_soon_as_a_call_waits() -> None:
     region.close()
 
 
+def test_hot_pages_learned_from_one_child_are_the_only_ones_the_next_child_copies() -> None:
+    """A worker reports the pages its call wrote (own_pages, one datagram); a worker forked later
+    copies exactly those ahead (populate(only=...)) and leaves every other shared page shared."""
+    region = mmap.mmap(-1, PAGES * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region[:] = b"y" * (PAGES * PAGE)  # present in the parent: shared with each child
+    addr = _address(region)
+    written = [3, 4, 5, 77, 200]
+    hot = prefault.HotPages()
+
+    def first_call() -> bytes:
+        for i in written:
+            region[i * PAGE] = ord("w")
+        hot.report()
+        return b"ok"
+
+    assert _in_child(first_call) == b"ok"
+    assert hot.receive() == 1
+    inside = [(max(s, addr), min(e, addr + PAGES * PAGE)) for s, e in hot.runs if s < addr + PAGES * PAGE
+              and e > addr]
+    assert inside == [(addr + 3 * PAGE, addr + 6 * PAGE), (addr + 77 * PAGE, addr + 78 * PAGE),
+                      (addr + 200 * PAGE, addr + 201 * PAGE)]
+    assert hot.size() < 16 * 2**20, "a child that wrote 5 pages of ours reports only what it owns"
+
+    def next_worker() -> bytes:
+        done, _ = prefault.populate(only=hot.runs)
+        own = [i for i, (present, mine) in enumerate(_present(addr, PAGES)) if present and mine]
+        return repr((done, own)).encode()
+
+    done, own = eval(_in_child(next_worker))
+    if not done:
+        pytest.skip("the kernel refuses MADV_POPULATE_WRITE (Linux < 5.14)")
+    assert own == written
+    assert region[:] == b"y" * (PAGES * PAGE), "the parent's copy changed"
+    hot.close()
+    region.close()
+
+
+def test_hot_page_reports_encode_and_merge() -> None:
+    runs = [(0x2000, 0x5000), (0x1000, 0x2000), (0x9000, 0xA000), (0x3000, 0x4000)]
+    assert prefault.merge(runs) == [(0x1000, 0x5000), (0x9000, 0xA000)]
+    assert prefault.decode(prefault.encode(prefault.merge(runs))) == [(0x1000, 0x5000), (0x9000, 0xA000)]
+    assert prefault.decode(b"\0" * 7) == []
+
+
 # --- in the agent: prefault only between calls ---------------------------------------------------
 
-PREFAULTED_KIB = 8 * 1024  # an unprefaulted idle worker holds ~1.6 MiB of its own, a prefaulted ~35
+UNPREFAULTED_KIB = 2 * 1024  # what an idle worker that copied nothing ahead holds of its own (~1.6 MiB)
 
 
 def _private_dirty_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Private_Dirty:"):
-                return int(line.split()[1])
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Private_Dirty:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0  # a worker that just left (retired, replaced)
     raise AssertionError(f"no Private_Dirty in /proc/{pid}/smaps_rollup")
 
 
-def _wait_prefaulted(pid: int, timeout: float = 30.0) -> None:
-    """Until the worker holds its copies and is back at normal priority: done copying."""
+def _learned_hot_kib(log: Path, timeout: float = 30.0) -> int:
+    """The size of the hot pages the agent reports having learned from its workers."""
+    import re
+
     deadline = time.monotonic() + timeout
-    while _private_dirty_kib(pid) < PREFAULTED_KIB or os.sched_getscheduler(pid) != os.SCHED_OTHER:
-        assert time.monotonic() < deadline, f"worker {pid} never prefaulted"
+    while not (found := re.findall(r"calls write ([0-9.]+) MiB", log.read_text())):
+        assert time.monotonic() < deadline, "the agent never learned which pages calls write"
+        time.sleep(0.05)
+    return int(float(found[-1]) * 1024)
+
+
+def _copied(pid: int, kib: int) -> bool:
+    try:
+        return _private_dirty_kib(pid) >= kib and os.sched_getscheduler(pid) == os.SCHED_OTHER
+    except ProcessLookupError:
+        return False
+
+
+def _wait_prefaulted(agent_pid: int, count: int, hot_kib: int, timeout: float = 30.0) -> set[int]:
+    """Until ``count`` idle workers each hold (most of) the hot pages as their own and are back at
+    normal priority: done copying."""
+    assert hot_kib * 3 // 4 > UNPREFAULTED_KIB, "too few hot pages to tell a prefaulted worker"
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = live_children(agent_pid)
+        if len(pids) == count and all(_copied(p, hot_kib * 3 // 4) for p in pids):
+            return pids
+        assert time.monotonic() < deadline, f"workers {pids} never prefaulted {hot_kib} KiB"
         time.sleep(0.05)
 
 
@@ -187,7 +257,7 @@ def test_prefault_runs_under_sched_idle_and_stops_when_taken_back_to_normal() ->
     def child() -> bytes:
         seen: list[object] = []
 
-        def fake_populate(stop: object) -> tuple[int, int]:
+        def fake_populate(stop: object, only: object = None) -> tuple[int, int]:
             seen.append(os.sched_getscheduler(0) == os.SCHED_IDLE)
             seen.append(stop())  # type: ignore[operator]
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # what wake_idle does
@@ -212,9 +282,11 @@ def test_a_call_waiting_in_the_backlog_takes_idle_workers_off_sched_idle(tmp_pat
     running = start_agent(tmp_path)
     idle: set[int] = set()
     try:
-        idle = wait_for_children(running.pid, 2)
+        # A first call teaches the agent which pages calls write; idle workers then prefault those.
+        first = client.forward("probe", cni_env("VERSION"), probe_conf(), 60, running.sock)
+        assert isinstance(first, client.Answer) and first.code == 0
+        idle = _wait_prefaulted(running.pid, 2, _learned_hot_kib(running.log))
         for pid in idle:
-            _wait_prefaulted(pid)
             os.kill(pid, signal.SIGSTOP)
             os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))  # as if still copying
         marker = tmp_path / "where.json"

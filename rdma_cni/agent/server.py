@@ -102,6 +102,7 @@ class Agent:
     _metrics_pid: int = 0
     _metrics_next: float = 0.0  # monotonic time before which a dead metrics process is not replaced
     anchors: namespaces.CodeAnchors = field(default_factory=dict)
+    hot: prefault.HotPages | None = None  # the pages calls write, learned from workers (prefault)
     _events: tuple[int, int] = (-1, -1)  # pipe: +pid when a worker takes a call, -pid when idle again
     _listener: socket.socket | None = None
     _lock_fd: int = -1
@@ -193,6 +194,9 @@ class Agent:
         arrivals = select.epoll()
         arrivals.register(self._listener.fileno(), select.EPOLLIN | select.EPOLLET)
         sel.register(arrivals.fileno(), selectors.EVENT_READ, "arrival")
+        if self.config.prefault:
+            self.hot = prefault.HotPages()
+            sel.register(self.hot.reader, selectors.EVENT_READ, "hot")
         listening = False
         next_reconcile = time.monotonic() if self.config.reconcile_interval >= 0 else float("inf")
         try:
@@ -223,6 +227,8 @@ class Agent:
                     elif key.data == "arrival":
                         arrivals.poll(0)
                         self.wake_idle()
+                    elif key.data == "hot":
+                        self.learn_hot_pages()
                     else:
                         self.reap()
                         self.top_up()
@@ -235,7 +241,27 @@ class Agent:
             arrivals.close()
             for fd in wakeup:
                 os.close(fd)
+            if self.hot is not None:
+                self.hot.close()
             self.close()
+
+    def learn_hot_pages(self) -> None:
+        """Merge the workers' reports. The first one also retires the idle workers that were
+        forked before anything was known (and so never prefaulted): their replacements are."""
+        assert self.hot is not None
+        before = self.hot.size()
+        if not self.hot.receive() or self.hot.size() == before:
+            return
+        log.info("prefault: calls write %.1f MiB of the agent's pages (learned from workers)",
+                 self.hot.size() / 2**20)
+        if before == 0:
+            for pid in sorted(self.idle - self.served):
+                self.idle.discard(pid)
+                self.leaving.add(pid)
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     def top_up(self) -> None:
         """Fork idle workers up to ``prefork``, but while a call runs only up to one: the refill's
@@ -280,8 +306,9 @@ class Agent:
         parent = os.getppid()
         home = namespaces.Home()
         arrivals = Arrivals(listener)
-        if warm and not _readable(listener, PREFAULT_DELAY):
-            prefault_when_idle(listener, arrivals.leaving)
+        hot = self.hot
+        if warm and hot is not None and hot.runs and not _readable(listener, PREFAULT_DELAY):
+            prefault_when_idle(listener, arrivals.leaving, hot.runs)
         for served in range(1, self.config.calls_per_worker + 1):
             fds = worker.open_fds()  # what a call must leave behind: the same, once its conn is closed
             conn = arrivals.next()
@@ -294,6 +321,8 @@ class Agent:
                 worker.handle(conn, self.registry, self.anchors)
             finally:
                 conn.close()
+            if served == 1 and hot is not None:
+                hot.report()  # what this call wrote (<1 ms): the next workers prefault it
             why = worker.unfit_for_another_call(home, fds)
             if why or served == self.config.calls_per_worker or arrivals.leaving():
                 if why:
@@ -470,7 +499,9 @@ class Arrivals:
         return None
 
 
-def prefault_when_idle(listener: socket.socket, leaving: Callable[[], bool] = lambda: False) -> None:
+def prefault_when_idle(
+    listener: socket.socket, leaving: Callable[[], bool] = lambda: False, only: prefault.Runs | None = None
+) -> None:
     """Prefault under SCHED_IDLE: the copying (~15 ms of CPU) then takes only CPU time no other
     task wants, so it never slows a call, the client waiting for it, or the node; and it goes on
     while a call runs in another worker when a CPU is free, so the next call finds this worker
@@ -483,7 +514,7 @@ def prefault_when_idle(listener: socket.socket, leaving: Callable[[], bool] = la
 
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     try:
-        prefault.populate(stop=stop)
+        prefault.populate(stop=stop, only=only)
     finally:
         _normal_priority(0)
 
