@@ -55,6 +55,8 @@ def start_agent(
     sock = str(tmp / "agent.sock")
     log = tmp / "agent.log"
     opts = ["--reconcile-interval", "-1"]
+    if "--prefork" not in args:
+        opts += ["--prefork", "2"]  # the pool tests below count on two idle workers
     if plugins:
         opts += ["--plugin", "probe=test_agent_probe:SPEC"]
     env = dict(os.environ, PYTHONPATH=f"{TESTS}:{os.environ.get('PYTHONPATH', '')}", **(agent_env or {}))
@@ -543,6 +545,61 @@ def test_c_client_worker_killed_mid_add_answers_try_again_later(
 
 
 # --- memory ------------------------------------------------------------------------------------
+
+
+def _private_dirty_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return 0
+
+
+def test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the_hot_pages(
+    tmp_path: Path,
+) -> None:
+    """A burst of PREFORK calls finds a worker each without a fork; after it, the pool is PREFORK
+    idle workers again, of which at most WARM_WORKERS hold the pages calls write (the others were
+    replaced by shallow forks that share every page with the agent)."""
+    import re
+
+    from rdma_cni.agent.server import PREFORK, WARM_WORKERS
+
+    running = start_agent(tmp_path, "--prefork", str(PREFORK), "--trim-after", "0.5")
+    try:
+        idle = wait_for_children(running.pid, PREFORK)
+        first = client.forward("probe", cni_env("VERSION"), probe_conf(), 60, running.sock)
+        assert isinstance(first, client.Answer) and first.code == 0
+        deadline = time.monotonic() + 30
+        while not (found := re.findall(r"calls write ([0-9.]+) MiB", running.log.read_text())):
+            assert time.monotonic() < deadline, "the agent never learned which pages calls write"
+            time.sleep(0.05)
+        hot_kib = int(float(found[-1]) * 1024)
+        time.sleep(1.0)  # the retired never-prefaulted workers are replaced
+        idle = wait_for_children(running.pid, PREFORK)
+        answers: list[object] = []
+        marks = [tmp_path / f"burst{i}.json" for i in range(PREFORK)]
+        calls = [threading.Thread(target=lambda m=m: answers.append(client.forward(
+            "probe", cni_env("ADD"), probe_conf(sleep=0.3, probeFile=str(m)), 30, running.sock)))
+            for m in marks]
+        for t in calls:
+            t.start()
+        for t in calls:
+            t.join()
+        assert all(isinstance(a, client.Answer) and a.code == 0 for a in answers)
+        served = {int(str(read_json(m)["pid"])) for m in marks}
+        assert served <= idle, "a call of the burst waited for a fork"
+        deadline = time.monotonic() + 30
+        while True:
+            pids = live_children(running.pid)
+            warm = {p for p in pids if _private_dirty_kib(p) >= hot_kib * 3 // 4}
+            if len(pids) == PREFORK and len(warm) <= WARM_WORKERS:
+                break
+            assert time.monotonic() < deadline, (len(pids), len(warm), hot_kib)
+            time.sleep(0.1)
+    finally:
+        stop(running.proc)
+
 
 
 def test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit(tmp_path: Path) -> None:

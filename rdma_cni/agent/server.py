@@ -33,7 +33,12 @@ from rdma_cni.agent.plugins import Registry
 log = logging.getLogger("rdma-agent")
 
 MAX_WORKERS = 32  # beyond this a call is refused and runs in-process: the node is overloaded anyway
-PREFORK = 2  # idle workers kept ready when no call runs (top_up); more only cost memory
+# Idle workers kept ready when no call runs (top_up): a burst of pod starts (8 at once on an 8-GPU
+# node) then finds a worker for every call without waiting for the agent to fork one. Most of them
+# are shallow (they share every page with the agent: ~1.6 MiB of their own each); only WARM_WORKERS
+# hold the pages calls write (prefaulted, or kept from a call: ~8 MiB each), which bounds memory.
+PREFORK = 8
+WARM_WORKERS = 2
 # A worker serves up to this many calls before it exits: each call after its first skips the fork
 # and the copy-on-write faults (measured: ADD -x ms), and the bound keeps whatever a call leaves in
 # Python's heap from accumulating.
@@ -77,6 +82,7 @@ class AgentConfig:
     reconcile_interval: float = 60.0  # 0: only once at start; <0: never
     max_workers: int = MAX_WORKERS
     prefork: int = PREFORK
+    warm_workers: int = WARM_WORKERS  # idle workers that may hold the hot pages as their own
     prefault: bool = True  # idle workers take their copy-on-write faults before a call (prefault.py)
     calls_per_worker: int = CALLS_PER_WORKER  # 1: a fresh fork for every call
     trim_after: float = TRIM_AFTER  # seconds a surplus idle worker is kept
@@ -92,6 +98,7 @@ class Agent:
     busy: set[int] = field(default_factory=set)  # serving one call each
     leaving: set[int] = field(default_factory=set)  # surplus idle workers told to exit (SIGTERM)
     served: set[int] = field(default_factory=set)  # workers that have served a call (live ones)
+    prefaulted: set[int] = field(default_factory=set)  # workers forked to copy the hot pages ahead
     idle_since: dict[int, float] = field(default_factory=dict)  # monotonic time each went idle
     jobs: set[int] = field(default_factory=set)  # reconcile passes
     # The metrics process's body (metrics.server.serve, bound); None without --metrics-address.
@@ -247,7 +254,7 @@ class Agent:
 
     def learn_hot_pages(self) -> None:
         """Merge the workers' reports. The first one also retires the idle workers that were
-        forked before anything was known (and so never prefaulted): their replacements are."""
+        forked to be warm before anything was known (so they copied nothing): their replacements do."""
         assert self.hot is not None
         before = self.hot.size()
         if not self.hot.receive() or self.hot.size() == before:
@@ -255,13 +262,8 @@ class Agent:
         log.info("prefault: calls write %.1f MiB of the agent's pages (learned from workers)",
                  self.hot.size() / 2**20)
         if before == 0:
-            for pid in sorted(self.idle - self.served):
-                self.idle.discard(pid)
-                self.leaving.add(pid)
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            for pid in sorted(self.idle & self.prefaulted - self.served):
+                self.retire(pid)
 
     def top_up(self) -> None:
         """Fork idle workers up to ``prefork``, but while a call runs only up to one: the refill's
@@ -272,10 +274,17 @@ class Agent:
         cfg = self.config
         target = min(cfg.prefork, 1) if self.busy else cfg.prefork
         while len(self.idle) < target and len(self.idle) + len(self.busy) < cfg.max_workers:
-            warm = cfg.prefault and len(self.busy) < PREFAULT_BUSY_LIMIT
+            warm = (cfg.prefault and len(self.busy) < PREFAULT_BUSY_LIMIT
+                    and len(self.warm_idle()) < cfg.warm_workers)
             pid = self._fork(functools.partial(self._wait_for_call, warm), die_with_parent=True)
             self.idle.add(pid)
             self.idle_since[pid] = time.monotonic()
+            if warm:
+                self.prefaulted.add(pid)
+
+    def warm_idle(self) -> set[int]:
+        """Idle workers that hold (or are copying) the hot pages as their own."""
+        return self.idle & (self.served | self.prefaulted)
 
     def trim(self) -> None:
         """After a burst, workers that went back to waiting outnumber ``prefork``: SIGTERM the
@@ -288,13 +297,23 @@ class Agent:
             if not rested:
                 return
             fresh = rested - self.served  # keep the workers whose pages a call already made theirs
-            pid = min(fresh) if fresh else min(rested)
-            self.idle.discard(pid)
-            self.leaving.add(pid)
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            self.retire(min(fresh) if fresh else min(rested))
+        # A burst leaves every worker that served in it holding the hot pages (~8 MiB each): beyond
+        # ``warm_workers`` they go too, and top_up replaces them with shallow ones.
+        while len(warm := self.warm_idle()) > self.config.warm_workers:
+            rested = {pid for pid in warm if self.idle_since.get(pid, 0.0) <= since}
+            if not rested:
+                return
+            self.retire(min(rested))
+
+    def retire(self, pid: int) -> None:
+        """SIGTERM an idle worker (it leaves when it next looks for a call: never mid-call)."""
+        self.idle.discard(pid)
+        self.leaving.add(pid)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     def _wait_for_call(self, warm: bool = False) -> None:
         """A worker: take a connection, tell the parent, serve it; again while fit (up to
@@ -422,6 +441,7 @@ class Agent:
                 if done:
                     group.discard(pid)
                     self.served.discard(pid)
+                    self.prefaulted.discard(pid)
                     self.idle_since.pop(pid, None)
         if self._metrics_pid:
             try:
