@@ -132,7 +132,7 @@ class MacvlanPlugin:
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
             state.clear_skipped(bond)  # handed out again with what it holds now: the old skip is history
         tx.plan_pod_routing(pod, rec)  # which table: decided before the pod is touched, recorded
-        rec.link_group = tx.pick_link_group(rec, links.all_links(pod), state.attachments())
+        rec.link_group = tx.pick_link_group(rec, links.all_links(pod))
         macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
         macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: _put_locked(state, rec),

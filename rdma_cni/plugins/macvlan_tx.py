@@ -264,15 +264,13 @@ def recorded_netns(rec: AttachmentRecord, netns_path: str) -> Netns | None:
     return None
 
 
-def pick_link_group(
-    rec: AttachmentRecord, pod_links: list[links.Link], others: list[AttachmentRecord]
-) -> int:
+def pick_link_group(rec: AttachmentRecord, pod_links: list[links.Link]) -> int:
     """The link group for this attachment's pod interfaces: one that no link of the pod netns is in
-    (``eth0`` and ``lo`` stay in group 0) and that no other recorded attachment of the same netns
-    holds (its interfaces may not exist yet). Starting from a number hashed from the attachment,
-    above the small numbers an admin would pick by hand, so a clash is rare even before the check."""
+    (``eth0`` and ``lo`` stay in group 0), starting from a number hashed from the attachment, above
+    the small numbers an admin would pick by hand. Two attachments of one pod whose ADDs overlap
+    (neither's links exist yet when the other looks) start from different numbers; should they
+    still meet, DEL sees a stranger in the group and deletes one by one (delete_together)."""
     taken = {link.group for link in pod_links}
-    taken |= {o.link_group for o in others if o.netns_inode == rec.netns_inode and o.key != rec.key}
     start = LINK_GROUP_FIRST + zlib.crc32(f"{rec.container_id}@{rec.ifname}".encode()) % LINK_GROUP_SPAN
     return links.free_group(taken, start)
 
