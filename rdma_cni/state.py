@@ -263,6 +263,13 @@ class NodeState:
         self.dir = os.path.join(data_dir, ATTACHMENTS_DIR)
         self._ensured = False
         self._unreadable: list[str] = []
+        # attachments() as read under the node lock held now (None: not read, or written since).
+        # Only lock holders add records, so within one hold the list can only have grown stale by
+        # a record a DEL (claim only) removed meanwhile: its bonds look pinned a moment longer, the
+        # same as had it been read a moment earlier. ADD reads it twice there (reclaim, then pins),
+        # each a JSON load of every record, while every other ADD of the node waits for the lock.
+        self._held: list[AttachmentRecord] | None = None
+        self._holding = False
 
     def ensure(self) -> None:
         if self._ensured:  # once per call: each ensure_dir is a mkdir and a chmod
@@ -278,9 +285,11 @@ class NodeState:
         fd = os.open(os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            self._holding, self._held = True, None
             self._sweep_temp_files()
             yield
         finally:
+            self._holding, self._held = False, None
             os.close(fd)
 
     @contextmanager
@@ -343,6 +352,7 @@ class NodeState:
         """The write-ahead record, synced: on disk before the caller touches the host. ``sync=False``
         leaves that to :meth:`sync`, so the disk wait can happen after the node lock is released."""
         self.ensure()
+        self._held = None
         durable.atomic_write_json(self.path(rec.container_id, rec.ifname), rec.to_dict(), sync=sync)
 
     def sync(self, rec: AttachmentRecord) -> None:
@@ -351,6 +361,7 @@ class NodeState:
     def commit(self, rec: AttachmentRecord) -> None:
         """The record as ADD returns it, beside the write-ahead one and not synced (module doc)."""
         path = self.path(rec.container_id, rec.ifname)
+        self._held = None
         body = {"writeAhead": _stamp(os.stat(path)), "record": rec.to_dict()}
         durable.atomic_write_json(path + COMMIT_SUFFIX, body, sync=False)
 
@@ -371,6 +382,7 @@ class NodeState:
         The record's removal is synced: one that a power loss brought back would make the agent's
         reconcile re-add host addresses and routes the record holds, long after the DEL."""
         path = self.path(container_id, ifname)
+        self._held = None
         try:
             os.unlink(path + COMMIT_SUFFIX)
         except FileNotFoundError:
@@ -378,6 +390,8 @@ class NodeState:
         return durable.remove(path)
 
     def attachments(self) -> list[AttachmentRecord]:
+        if self._held is not None:
+            return list(self._held)
         self._unreadable = []
         try:
             names = sorted(os.listdir(self.dir))
@@ -390,7 +404,9 @@ class NodeState:
             rec = self._load(os.path.join(self.dir, name))
             if rec is not None:
                 out.append(rec)
-        return out
+        if self._holding:
+            self._held = out
+        return list(out)
 
     def pins(self) -> dict[str, Attachment]:
         return {b.bond: rec.key for rec in self.attachments() for b in rec.bonds}

@@ -19,7 +19,7 @@ import errno as errnos
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -338,14 +338,21 @@ class RtnlSocket:
         raw = self.dump(RTM_GETADDR, _IFADDRMSG.pack(family, 0, 0, 0, 0))
         return [m for m in raw if not index or _IFADDRMSG.unpack_from(m, _NLMSGHDR.size)[4] == index]
 
-    def route_dump(self, family: int, keep: Callable[[int, int], bool] | None = None) -> list[Any]:
-        """Decoded route messages (pyroute2 ``rtmsg``); ``keep(table, proto)`` filters before decoding."""
+    def route_dump(
+        self, family: int, keep: Callable[[int, int], bool] | None = None,
+        links: Collection[int] = (), sources: Collection[bytes] = (),
+    ) -> list[Any]:
+        """Decoded route messages (pyroute2 ``rtmsg``); ``keep(table, proto)`` filters before decoding,
+        and so do ``links``/``sources`` when given: only routes through one of those ifindexes (or
+        multipath ones), or with one of those packed addresses as preferred source, are decoded."""
         light_pyroute2()
         from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
         raw = self.dump(RTM_GETROUTE, struct.pack("=BBBBBBBBI", family, 0, 0, 0, 0, 0, 0, 0, 0))
         if keep is not None:
             raw = [m for m in raw if keep(m[_NLMSGHDR.size + 4], m[_NLMSGHDR.size + 5])]
+        if links or sources:
+            raw = [m for m in raw if _route_may_use(m, links, sources)]
         return [_decoded(rtmsg, m) for m in raw]
 
     def rule_dump(self, family: int, keep: Callable[[bytes], bool] | None = None) -> list[Any]:
@@ -355,6 +362,24 @@ class RtnlSocket:
 
         raw = self.dump(RTM_GETRULE, struct.pack("=BBBBBBBBI", family, 0, 0, 0, 0, 0, 0, 0, 0))
         return [_decoded(fibmsg, m) for m in raw if keep is None or keep(m)]
+
+
+RTA_OIF, RTA_PREFSRC, RTA_MULTIPATH = 4, 7, 9
+_RTMSG_SIZE = 12
+
+
+def _route_may_use(m: bytes, links: Collection[int], sources: Collection[bytes]) -> bool:
+    """From the raw attributes: through one of ``links``, from one of ``sources``, or multipath
+    (its hops are nested: left to the decoded message)."""
+    end = _NLMSGHDR.unpack_from(m)[0]
+    for kind, value in attributes(m, _NLMSGHDR.size + _RTMSG_SIZE, end):
+        if kind == RTA_OIF and _U32.unpack_from(value)[0] in links:
+            return True
+        if kind == RTA_PREFSRC and bytes(value) in sources:
+            return True
+        if kind == RTA_MULTIPATH:
+            return True
+    return False
 
 
 def _decoded(cls: Any, data: bytes) -> Any:

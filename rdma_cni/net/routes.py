@@ -58,9 +58,11 @@ def _not_local_or_kernel(table: int, proto: int) -> bool:
 def snapshot_routes(ipr: RtnlSocket, index: int, ips: Iterable[str]) -> list[Record]:
     ipset = set(ips)
     out = []
+    packed = {_packed(ip) for ip in ipset}
     for family in (socket.AF_INET, socket.AF_INET6):
-        # The header says enough to skip most of a dump (local table, kernel routes) undecoded.
-        for msg in ipr.route_dump(family, _maybe_ours):
+        # The header says enough to skip most of a dump (local table, kernel routes) undecoded, and
+        # the raw attributes the routes of other links (every bond's table would be decoded for each).
+        for msg in ipr.route_dump(family, _maybe_ours, links={index}, sources=packed):
             rec = rtnl.record("route", msg)
             if _uses(rec, index, ipset):
                 out.append(rec)
