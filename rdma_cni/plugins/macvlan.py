@@ -109,7 +109,9 @@ class MacvlanPlugin:
         self, req: Request, cfg: MacvlanConfig, state: NodeState, fp: tx.Failpoints, host: Any, pod: Any,
         ns: Any,
     ) -> tuple[AttachmentRecord, tx.AddContext]:
-        """Under the node lock: pick and pin the bonds, record how to give them back (write-ahead)."""
+        """Under the node lock: pick and pin the bonds, record how to give them back (write-ahead).
+        The rest of the plan (routes, rules, the pod's tables, the link group) is read after the lock
+        is released (:meth:`_plan_outside_lock`): every other ADD of the node waits for this lock."""
         old = state.get(req.container_id, req.ifname)
         if old is not None:
             log.warning("ADD %s/%s: a previous attachment is recorded; undoing it first", req.container_id,
@@ -131,15 +133,24 @@ class MacvlanPlugin:
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
             state.clear_skipped(bond)  # handed out again with what it holds now: the old skip is history
-        tx.plan_pod_routing(pod, rec)  # which table: decided before the pod is touched, recorded
-        rec.link_group = tx.pick_link_group(rec, links.all_links(pod))
         macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
         macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: _put_locked(state, rec),
                             mode=cfg.mode, mac=_requested_mac(req))
         ctx.rdma_step = lambda b, i: macvlan_rdma.attach(cfg, rec, b, ns, _ipam_ipv4(ctx, i), ctx.save)
-        state.put(rec, sync=False)  # write-ahead (synced by add()): from here a crash is repaired by DEL/GC
+        state.put(rec, sync=False)  # pins the bonds; a crash from here is repaired by DEL/GC
         return rec, ctx
+
+    def _plan_outside_lock(self, state: NodeState, rec: AttachmentRecord, ctx: tx.AddContext) -> None:
+        """The write-ahead plan that needs no node lock: our pins keep every other ADD off these bonds
+        (their routes and rules change only by us now), and the pod is this attachment's. Recorded
+        before the host is touched; a crash before this record only leaves pins and the addresses,
+        which the bonds still hold, for DEL/GC to give back."""
+        tx.snapshot_routing(ctx.host, rec)
+        tx.plan_pod_routing(ctx.pod, rec)  # which table: decided before the pod is touched, recorded
+        rec.link_group = tx.pick_link_group(rec, links.all_links(ctx.pod))
+        with state.locked():
+            state.put(rec, sync=False)  # synced next, outside the lock
 
     def _transact(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, ctx: tx.AddContext
@@ -150,6 +161,7 @@ class MacvlanPlugin:
         step = ["write-ahead"]
         current = rec.bonds[0].bond
         try:
+            self._plan_outside_lock(state, rec, ctx)
             # On disk before the host is touched; outside the node lock, so that concurrent ADDs
             # do not queue behind each other's disk flush (our pins are visible already).
             state.sync(rec)
@@ -233,7 +245,7 @@ class MacvlanPlugin:
         if links.get_link(pod, name) is not None:
             raise CniError(INVALID_ENV, f"interface {name} already exists in {req.netns}")
         addrs = seen[1] if seen else None
-        return tx.snapshot_bond(host, link, name, mtu, moves=cfg.ipam is None, addrs=addrs)
+        return tx.snapshot_bond(host, link, name, mtu, moves=cfg.ipam is None, addrs=addrs, routing=False)
 
     def _run_ipam(self, req: Request, cfg: MacvlanConfig, rec: AttachmentRecord, ctx: tx.AddContext) -> None:
         assert cfg.ipam is not None

@@ -92,24 +92,38 @@ def temp_name() -> str:
 
 def snapshot_bond(
     host: Any, bond: links.Link, pod_ifname: str, mtu: int, moves: bool,
-    addrs: list[dict[str, Any]] | None = None,
+    addrs: list[dict[str, Any]] | None = None, routing: bool = True,
 ) -> BondRecord:
     """What write-ahead records for one bond: everything needed to give it back exactly.
-    ``addrs``: the bond's address snapshot when it was just taken (under the same node lock)."""
+    ``addrs``: the bond's address snapshot when it was just taken (under the same node lock).
+    ``routing=False``: its routes and rules are left to :func:`snapshot_routing` (after the lock)."""
     if addrs is None or not moves:
         addrs = addresses.snapshot(host, bond.index) if moves else []
-    ips = [addresses.ip_of(a) for a in addrs]
-    return BondRecord(
+    b = BondRecord(
         bond=bond.name,
         bond_index=bond.index,
         pod_ifname=pod_ifname,
         temp_name=temp_name(),
         mtu=mtu,
         addresses=addrs,
-        routes=routes.snapshot_routes(host, bond.index, ips) if moves else [],
-        rules=routes.snapshot_rules(host, bond.name, ips) if moves else [],
         moves_addresses=moves,
     )
+    if routing:
+        _snapshot_routing(host, b)
+    return b
+
+
+def snapshot_routing(host: Any, rec: AttachmentRecord) -> None:
+    """Each moving bond's routes and rules (through it, or naming its addresses), as the kernel
+    reports them: what DEL replays after the kernel flushed them with the addresses."""
+    for b in rec.bonds:
+        _snapshot_routing(host, b)
+
+
+def _snapshot_routing(host: Any, b: BondRecord) -> None:
+    ips = [addresses.ip_of(a) for a in b.addresses]
+    b.routes = routes.snapshot_routes(host, b.bond_index, ips) if b.moves_addresses else []
+    b.rules = routes.snapshot_rules(host, b.bond, ips) if b.moves_addresses else []
 
 
 @dataclass
