@@ -153,6 +153,25 @@ def test_plugin_add_keeps_host_gid_index_and_del_gives_addresses_back(vm: VmRun)
     vm.assert_checks_pass("plugin")
 
 
+def test_a_multi_bond_pod_is_deleted_by_its_link_group_and_every_host_gid_index_comes_back(vm: VmRun) -> None:
+    """On the real kernel: pod4's two bond interfaces share a link group of their own, DEL deletes
+    them with one group request (not one by one), the other plugin's veth pair in the pod stays,
+    and every GID table of every device is as before the pod."""
+    reason = vm.skipped("plugin")
+    if reason:
+        pytest.skip(f"plugin section not run in the guest: {reason}")
+    checks = {r["name"]: r for r in vm.section("plugin") if r["kind"] == "check" and "pod4" in r["name"]}
+    wanted = [
+        "ADD pod4: both pod interfaces in one link group of their own",
+        "DEL pod4: the other plugin's interfaces stay",
+        "DEL pod4: both pod interfaces deleted with one request by link group",
+        "DEL pod4 (deleted by link group): every GID table of every device as before the pod",
+    ]
+    assert [name for name in wanted if name not in checks] == [], sorted(checks)
+    failed = {n: (checks[n]["expected"], checks[n]["actual"]) for n in wanted if not checks[n]["ok"]}
+    assert failed == {}, failed
+
+
 def test_pod_to_pod_rdma_works_or_its_kernel_limit_is_recorded(vm: VmRun) -> None:
     reason = vm.skipped("plugin")
     if reason:

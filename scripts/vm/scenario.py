@@ -715,8 +715,13 @@ def plugin_section() -> None:
 
 
 def two_bonds_in_one_pod(host_idx: dict[str, int | None], rdma_missing: str | None) -> None:
-    """A training pod gets several bond NICs: both bonds' addresses and GIDs move, both come back."""
+    """A training pod gets several bond NICs: both bonds' addresses and GIDs move, both come back.
+    Its interfaces share a link group of their own, so DEL deletes them with one request (one RCU
+    grace period); another plugin's interfaces in the pod (here a veth pair, one end in a group of
+    its own) stay; every GID table on the host is as before the pod."""
     ip(["netns add pod4"])
+    ip(["link add eth0 type veth peer name eth0p", "link set eth0p group 7"], netns="pod4")
+    gids_before = tables()
     rc, res, _ = cni("ADD", "pod4", "bond0,bond1", extra={"count": 2})
     R.check("ADD pod4 with two bonds: exit code", 0, rc)
     names = sorted(
@@ -744,13 +749,35 @@ def two_bonds_in_one_pod(host_idx: dict[str, int | None], rdma_missing: str | No
             sorted(str(r.get("device")) for r in records),
             records,
         )
+    groups = link_groups("pod4")
+    R.fact("pod4 link groups", groups)
+    mine = {groups.get("bond0"), groups.get("bond1")}
+    R.check("ADD pod4: both pod interfaces in one link group of their own",
+            [True, True], [len(mine) == 1, not mine & {0, 7, None}], groups)
+    logged = (OUT / "plugin.log").read_text() if (OUT / "plugin.log").exists() else ""
     rc, _, _ = cni("DEL", "pod4", "bond0,bond1", extra={"count": 2}, prev=res)
     R.check("DEL pod4: exit code", 0, rc)
+    R.check("DEL pod4: the other plugin's interfaces stay", {"eth0": 0, "eth0p": 7, "lo": 0},
+            link_groups("pod4"))
+    tail = (OUT / "plugin.log").read_text()[len(logged):] if (OUT / "plugin.log").exists() else ""
+    group = next(iter(mine))
+    R.check("DEL pod4: both pod interfaces deleted with one request by link group",
+            [True, False], [f"deleted with one request (link group {group})" in tail,
+                            "deleted one by one" in tail], tail[-1500:])
     ip(["netns del pod4"])
     for bond in ("bond0", "bond1"):
         dev, _, addrs = BONDS[bond]
         for a in addrs:
             R.check(f"DEL pod4: {a} back at the host's GID index", host_idx[a], v2_index(dev, a))
+    R.check("DEL pod4 (deleted by link group): every GID table of every device as before the pod",
+            gids_before, tables())
+
+
+def link_groups(netns: str) -> dict[str, int]:
+    """name -> link group of every link in the netns (``ip -j`` says "default" for group 0)."""
+    out = json.loads(run(["ip", "-n", netns, "-j", "link", "show"]).stdout or "[]")
+    return {link["ifname"]: 0 if link.get("group", "default") == "default" else int(link["group"])
+            for link in out}
 
 
 def gid_records(pod: str) -> list[Path]:
