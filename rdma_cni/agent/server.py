@@ -307,9 +307,12 @@ class Agent:
             self.retire(min(rested))
 
     def retire(self, pid: int) -> None:
-        """SIGTERM an idle worker (it leaves when it next looks for a call: never mid-call)."""
+        """SIGTERM an idle worker (it leaves when it next looks for a call: never mid-call). Back at
+        normal priority first: one still copying under SCHED_IDLE on a saturated node would get no
+        CPU to notice, and linger with its memory."""
         self.idle.discard(pid)
         self.leaving.add(pid)
+        _normal_priority(pid)
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
