@@ -1,13 +1,16 @@
 """The agent's main loop: own the socket, keep forked workers ready, reap, reconcile.
 
 The parent stays single-threaded and holds no sockets but the listening one, so a fork copies only
-imported modules; ``gc.freeze()`` after the warm-up keeps those pages shared between workers. A
-fresh worker takes its own copy of those shared pages (``prefault``) while it waits, so its first
-call does not pay the copy-on-write faults; after a call it goes back to waiting, its pages already
-its own, for up to ``calls_per_worker`` calls: each call still starts in the agent's namespaces
-with nothing left of the one before (``worker.unfit_for_another_call``), else the worker exits and
-a fresh fork replaces it. Idle workers beyond ``prefork`` (after a burst) are sent SIGTERM, which
-an idle worker obeys at once and a busy one after its call.
+imported modules; ``gc.freeze()`` after the warm-up keeps those pages shared between workers. Up to
+``warm_workers`` idle workers take their own copy of the shared pages that calls write (learned from
+the workers: ``prefault.HotPages``) while they wait, so their first call does not pay those
+copy-on-write faults; the rest of the ``prefork`` idle workers stay shallow (they share every page),
+so a burst waits for no fork without each idle worker costing that memory. After a call a worker goes
+back to waiting, its pages already its own, for up to ``calls_per_worker`` calls: each call still
+starts in the agent's namespaces with nothing left of the one before
+(``worker.unfit_for_another_call``), else the worker exits and a fresh fork replaces it. Idle
+workers beyond ``prefork`` (after a burst) are sent SIGTERM, which an idle worker obeys at once and
+a busy one after its call.
 """
 
 from __future__ import annotations
@@ -47,11 +50,10 @@ CALLS_PER_WORKER = 64
 # bursts, and a worker kept from the last burst serves the next one without a fork or its
 # copy-on-write faults (bench: 8 concurrent DELs right after 8 ADDs found 2 warm workers, not 8).
 TRIM_AFTER = 3.0
-# A prefaulted worker holds a private copy of the agent's writable pages (~30 MiB) for its call, an
-# unprefaulted one ~7.5 MiB; with this many calls already running a new idle worker stays shared, so
-# at most PREFAULT_BUSY_LIMIT + PREFORK workers are prefaulted (32 calls at once: ~480 MiB, seed limit
-# 500Mi). Not lower: in sequential pod starts the previous call's worker is often not yet reaped, and
-# limits of 2 and 4 measured smaller gains (ADD -0.5 and -1.4 ms against -2 ms here).
+# With this many calls already running a new idle worker stays shallow (each call's worker takes
+# the hot pages, ~7 MiB, as its own anyway). Measured when a prefault copied every shared page:
+# limits of 2 and 4 gained less in sequential pod starts (the previous call's worker often not yet
+# reaped) than 6 (ADD -0.5 and -1.4 ms against -2 ms).
 PREFAULT_BUSY_LIMIT = 6
 # An idle worker waits this long for a call before it prefaults: in a burst of back-to-back calls
 # the copying would only take CPU from the calls it is meant to speed up. For the same reason it
