@@ -152,8 +152,9 @@ def _cleanup_config(req: Request) -> MultusConfig:
     cfg, problems = parse_cleanup_config(req.config)
     rdma_log.configure(cfg.log_file, cfg.log_level)
     for problem in problems:
-        log.warning("%s %s %s: %s; using its default to clean up", req.command, req.container_id, req.ifname,
-                    problem)
+        log.warning(
+            "%s %s %s: %s; using its default to clean up", req.command, req.container_id, req.ifname, problem
+        )
     return cfg
 
 
@@ -170,8 +171,9 @@ def _undo_earlier(req: Request, cfg: MultusConfig, store: PlanStore, plan: Attac
     plan.delegates = [d for d, _ in failed][::-1]
     store.save(plan)
     err = failed[0][1]
-    raise CniError(err.code, f"undoing the earlier ADD of {req.container_id} {req.ifname}: {err.msg}",
-                   err.details)
+    raise CniError(
+        err.code, f"undoing the earlier ADD of {req.container_id} {req.ifname}: {err.msg}", err.details
+    )
 
 
 def _recover_plan(req: Request, cfg: MultusConfig) -> AttachmentPlan:
@@ -273,7 +275,7 @@ def _plan(req: Request, cfg: MultusConfig, pod: PodView, wanted: Sequence[_Wante
     delegates = []
     claimed = False
     for w in wanted:
-        net = load_network(cfg, w.selection, pod.namespace)
+        net = load_network(cfg, w.selection, pod)
         for plugin in net.plugins:
             # Fail before anything runs when a binary is missing: a rollback is never free.
             find_plugin(str(plugin["type"]), dirs)
@@ -302,8 +304,8 @@ def _check_unclaimed_devices(cfg: MultusConfig, pod: PodView) -> None:
                 INVALID_CONFIG,
                 f"{who} holds {len(ids)} {cfg.rdma_resource} device(s) ({', '.join(ids)}) but rdma-multus "
                 f"cannot read its {cfg.annotation} annotation, so it would start without RDMA networks: "
-                f"set \"kubeconfig\" in the rdma-multus config, or let the runtime pass the annotations "
-                f"(containerd: \"capabilities\": {{\"{CRI_ANNOTATIONS}\": true}} in rdma-multus's conflist)",
+                f'set "kubeconfig" in the rdma-multus config, or let the runtime pass the annotations '
+                f'(containerd: "capabilities": {{"{CRI_ANNOTATIONS}": true}} in rdma-multus\'s conflist)',
             )
         return
     ids = pod.checkpoint_devices().get(cfg.rdma_resource)
@@ -340,13 +342,7 @@ def _write_network_status(
     text = multus_status.render(entries)
 
     def patch(annotations: dict[str, str]) -> None:
-        from rdma_cni.kube import kubeconfig
-        from rdma_cni.kube.client import PodClient
-
-        client = PodClient(
-            kubeconfig.load(cfg.kubeconfig), timeout=cfg.api_timeout, attempts=cfg.api_attempts
-        )
-        client.patch_pod_annotations(pod.namespace, pod.name, annotations)
+        pod.api().patch_pod_annotations(pod.namespace, pod.name, annotations)
 
     multus_status.publish(patch, text, f"{pod.namespace}/{pod.name}", cfg.cache_dir)
 

@@ -18,17 +18,18 @@ from rdma_cni.cni import conflist
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
 from rdma_cni.plugins.multus_config import MultusConfig
 from rdma_cni.plugins.multus_networks import NetworkSelection
+from rdma_cni.plugins.multus_pod import PodView
 
 log = logging.getLogger("rdma_cni.multus")
 
 RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 
 
-def load_network(cfg: MultusConfig, sel: NetworkSelection, pod_namespace: str) -> conflist.NetworkConfigList:
+def load_network(cfg: MultusConfig, sel: NetworkSelection, pod: PodView) -> conflist.NetworkConfigList:
     try:
         return conflist.load(cfg.conf_dir, sel.name)
     except conflist.NetworkNotFound as missing:
-        namespace = sel.namespace or pod_namespace
+        namespace = sel.namespace or pod.namespace
         if not cfg.kubeconfig:
             raise CniError(
                 INVALID_CONFIG,
@@ -42,15 +43,13 @@ def load_network(cfg: MultusConfig, sel: NetworkSelection, pod_namespace: str) -
                 f"network {sel.name}: {missing.msg}, and the pod's namespace is unknown (no "
                 "K8S_POD_NAMESPACE in CNI_ARGS): name it as namespace/name in the annotation",
             ) from missing
-        return _from_definition(cfg, namespace, sel.name)
+        return _from_definition(cfg, pod, namespace, sel.name)
 
 
-def _from_definition(cfg: MultusConfig, namespace: str, name: str) -> conflist.NetworkConfigList:
-    from rdma_cni.kube import kubeconfig
-    from rdma_cni.kube.client import PodClient
-
-    client = PodClient(kubeconfig.load(cfg.kubeconfig), timeout=cfg.api_timeout, attempts=cfg.api_attempts)
-    obj = client.get_network_attachment_definition(namespace, name)
+def _from_definition(
+    cfg: MultusConfig, pod: PodView, namespace: str, name: str
+) -> conflist.NetworkConfigList:
+    obj = pod.api().get_network_attachment_definition(namespace, name)
     what = f"NetworkAttachmentDefinition {namespace}/{name}"
     if obj is None:
         raise CniError(

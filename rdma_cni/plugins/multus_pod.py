@@ -15,12 +15,16 @@ the pod's networks could not be read.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from rdma_cni.cni.errors import KUBE_API_FAILURE, CniError
 from rdma_cni.cni.request import Request
 from rdma_cni.kube.pod import Pod
 from rdma_cni.plugins.multus_config import MultusConfig
 from rdma_cni.plugins.multus_networks import NetworkSelection, parse_annotation
+
+if TYPE_CHECKING:
+    from rdma_cni.kube.client import PodClient
 
 log = logging.getLogger("rdma_cni.multus")
 
@@ -37,6 +41,7 @@ class PodView:
         self._runtime_annotations = annotations if isinstance(annotations, dict) else None
         self._pod: Pod | None = None
         self._fetched = False
+        self._api: PodClient | None = None
         self._devices: dict[str, list[str]] | None = None
         self.annotation_read = False  # set by selections(): False when neither runtime nor API had it
 
@@ -119,6 +124,20 @@ class PodView:
             return 0
         return pod.requests.get(resource, 0) if pod else 0
 
+    def api(self) -> PodClient:
+        """The API client of this call, built once: the pod GET, NetworkAttachmentDefinition GETs
+        and the network-status PATCH share its kubeconfig read and TLS context."""
+        if self._api is None:
+            from rdma_cni.kube import kubeconfig
+            from rdma_cni.kube.client import PodClient
+
+            self._api = PodClient(
+                kubeconfig.load(self.cfg.kubeconfig),
+                timeout=self.cfg.api_timeout,
+                attempts=self.cfg.api_attempts,
+            )
+        return self._api
+
     def pod(self) -> Pod | None:
         """The pod from the API server, fetched at most once; None when there is no way to ask."""
         if self._fetched:
@@ -126,13 +145,7 @@ class PodView:
         self._fetched = True
         if not self.cfg.kubeconfig or not self.name or not self.namespace:
             return None
-        from rdma_cni.kube import kubeconfig
-        from rdma_cni.kube.client import PodClient
-
-        client = PodClient(
-            kubeconfig.load(self.cfg.kubeconfig), timeout=self.cfg.api_timeout, attempts=self.cfg.api_attempts
-        )
-        pod = client.get_pod(self.namespace, self.name)
+        pod = self.api().get_pod(self.namespace, self.name)
         if pod is None:
             raise CniError(
                 KUBE_API_FAILURE, f"pod {self.namespace}/{self.name} not found in the Kubernetes API"
