@@ -21,6 +21,7 @@ import os
 import ssl
 import time
 import urllib.parse
+from typing import Any
 
 from rdma_cni.cni.errors import INVALID_CONFIG, KUBE_API_FAILURE, CniError
 from rdma_cni.kube.kubeconfig import KubeConfig
@@ -43,26 +44,15 @@ class PodClient:
 
     def get_pod(self, namespace: str, name: str) -> Pod | None:
         path = f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/pods/{urllib.parse.quote(name)}"
-        status, body = self._get(path)
-        if status == 404:
+        obj = self._get_object(
+            path,
+            f"pod {namespace}/{name}",
+            "check the kubeconfig's token or client certificate and its RBAC (get pods)",
+            expected=f"a Pod for {namespace}/{name}",
+        )
+        if obj is None:
             return None
-        if status in (401, 403):
-            raise CniError(
-                KUBE_API_FAILURE,
-                f"Kubernetes API refused GET pod {namespace}/{name} with {status}: "
-                "check the kubeconfig's token or client certificate and its RBAC (get pods)",
-            )
-        if status != 200:
-            raise CniError(
-                KUBE_API_FAILURE, f"Kubernetes API answered {status} to GET pod {namespace}/{name}"
-            )
-        try:
-            obj = json.loads(body)
-        except ValueError as exc:
-            raise CniError(
-                KUBE_API_FAILURE, f"Kubernetes API sent invalid JSON for pod {namespace}/{name}"
-            ) from exc
-        if not isinstance(obj, dict) or obj.get("kind", "Pod") != "Pod":
+        if obj.get("kind", "Pod") != "Pod":
             raise CniError(
                 KUBE_API_FAILURE, f"Kubernetes API sent something other than a Pod for {namespace}/{name}"
             )
@@ -91,22 +81,26 @@ class PodClient:
                 KUBE_API_FAILURE, f"Kubernetes API answered {status} to PATCH pod {namespace}/{name}/status"
             )
 
-    def get_network_attachment_definition(self, namespace: str, name: str) -> dict[str, object] | None:
+    def get_network_attachment_definition(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The ``k8s.cni.cncf.io/v1`` NetworkAttachmentDefinition object; None when it does not exist."""
         path = (
             f"/apis/k8s.cni.cncf.io/v1/namespaces/{urllib.parse.quote(namespace)}"
             f"/network-attachment-definitions/{urllib.parse.quote(name)}"
         )
-        what = f"NetworkAttachmentDefinition {namespace}/{name}"
+        return self._get_object(
+            path,
+            f"NetworkAttachmentDefinition {namespace}/{name}",
+            "grant the node's identity 'get' on network-attachment-definitions (k8s.cni.cncf.io)",
+        )
+
+    def _get_object(self, path: str, what: str, rbac_fix: str, expected: str = "") -> dict[str, Any] | None:
+        """GET one object: None on 404; refusals and other answers as errors naming ``what``
+        (a non-object body: "something other than ``expected``")."""
         status, body = self._get(path)
         if status == 404:
             return None
         if status in (401, 403):
-            raise CniError(
-                KUBE_API_FAILURE,
-                f"Kubernetes API refused GET {what} with {status}: grant the node's identity 'get' on "
-                "network-attachment-definitions (k8s.cni.cncf.io)",
-            )
+            raise CniError(KUBE_API_FAILURE, f"Kubernetes API refused GET {what} with {status}: {rbac_fix}")
         if status != 200:
             raise CniError(KUBE_API_FAILURE, f"Kubernetes API answered {status} to GET {what}")
         try:
@@ -114,7 +108,10 @@ class PodClient:
         except ValueError as exc:
             raise CniError(KUBE_API_FAILURE, f"Kubernetes API sent invalid JSON for {what}") from exc
         if not isinstance(obj, dict):
-            raise CniError(KUBE_API_FAILURE, f"Kubernetes API sent something other than an object for {what}")
+            raise CniError(
+                KUBE_API_FAILURE,
+                f"Kubernetes API sent something other than {expected or f'an object for {what}'}",
+            )
         return obj
 
     def _get(self, path: str) -> tuple[int, bytes]:
