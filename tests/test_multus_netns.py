@@ -583,19 +583,7 @@ def test_rollback_keeps_what_would_not_delete_for_the_runtimes_del(
 ) -> None:
     """ADD fails at the 2nd network and the 1st refuses DEL: the plan keeps the 1st, DEL retries it."""
     flag = tmp_path / "refuse-del"
-    flaky = node.bin_dir / "flaky-ptp"
-    flaky.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$CNI_COMMAND" = DEL ] && [ -e {flag} ]; then\n'
-        '  echo \'{"cniVersion":"1.0.0","code":11,"msg":"busy, try again"}\'; exit 1\n'
-        "fi\n"
-        f"exec {REF / 'ptp'}\n"
-    )
-    flaky.chmod(0o755)
-    node.network("h5-flaky", {"plugins": [{
-        "type": "flaky-ptp", "ipMasq": False,
-        "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir),
-                 "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
+    _flaky_default_network(node, flag, msg="busy, try again")
     api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-broken"})
     conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
     pod = node.pod_netns()
@@ -614,17 +602,22 @@ def test_rollback_keeps_what_would_not_delete_for_the_runtimes_del(
     assert node.leftovers() == CLEAN_NODE
 
 
-def _flaky(node: Node, name: str, real: str, flag: Path) -> None:
-    """A delegate binary that answers DEL with error 11 while ``flag`` exists, else runs ``real``."""
-    path = node.bin_dir / name
+def _flaky_default_network(node: Node, flag: Path, msg: str = "delegate store unreachable") -> None:
+    """Network ``h5-flaky``: ptp + host-local through a binary that answers DEL with error 11
+    (``msg``) while ``flag`` exists, and otherwise runs the real ptp."""
+    path = node.bin_dir / "flaky-ptp"
     path.write_text(
         "#!/bin/sh\n"
         f'if [ "$CNI_COMMAND" = DEL ] && [ -e {flag} ]; then\n'
-        '  echo \'{"cniVersion":"1.0.0","code":11,"msg":"delegate store unreachable"}\'; exit 1\n'
+        f'  echo \'{{"cniVersion":"1.0.0","code":11,"msg":"{msg}"}}\'; exit 1\n'
         "fi\n"
-        f"exec {REF / real}\n"
+        f"exec {REF / 'ptp'}\n"
     )
     path.chmod(0o755)
+    node.network("h5-flaky", {"plugins": [{
+        "type": "flaky-ptp", "ipMasq": False,
+        "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir),
+                 "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
 
 
 def _assert_next_pod_gets_its_networks(node: Node, conf: dict[str, Any]) -> None:
@@ -673,11 +666,7 @@ def test_del_with_a_failing_delegate_deletes_the_others_and_retries_only_it(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
     flag = tmp_path / "refuse-del"
-    _flaky(node, "flaky-ptp", "ptp", flag)
-    node.network("h5-flaky", {"plugins": [{
-        "type": "flaky-ptp", "ipMasq": False,
-        "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir),
-                 "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
+    _flaky_default_network(node, flag)
     api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
     conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
     pod = node.pod_netns()
@@ -741,11 +730,7 @@ def test_add_after_a_failed_add_undoes_the_recorded_attempt_first(
     """ADD fails at the 2nd network and the 1st will not DEL; the runtime's retry with a fixed
     annotation undoes the recorded attempt by DEL's rules before it runs anything."""
     flag = tmp_path / "refuse-del"
-    _flaky(node, "flaky-ptp", "ptp", flag)
-    node.network("h5-flaky", {"plugins": [{
-        "type": "flaky-ptp", "ipMasq": False,
-        "ipam": {"type": "host-local", "dataDir": str(node.ipam_dir),
-                 "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
+    _flaky_default_network(node, flag)
     api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-broken"})
     conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
     pod = node.pod_netns()
