@@ -14,6 +14,7 @@ from typing import Any
 
 from rdma_cni.cni.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 from rdma_cni.cni.request import Attachment, Request
+from rdma_cni.rdma import sysfs
 
 
 def requested_device_ids(req: Request) -> list[str]:
@@ -29,13 +30,6 @@ def requested_device_ids(req: Request) -> list[str]:
     return []
 
 
-def _pci_of(path: str) -> str | None:
-    try:
-        return os.path.basename(os.path.realpath(os.path.join(path, "device")))
-    except OSError:
-        return None
-
-
 def aliases(sysfs_root: str, netdev: str, rdma_device: str | None) -> set[str]:
     """Every ID a device plugin might use for this bond."""
     names = {netdev}
@@ -49,10 +43,9 @@ def aliases(sysfs_root: str, netdev: str, rdma_device: str | None) -> set[str]:
         names.add(rdma_device)
         candidates.append(os.path.join(sysfs_root, "class", "infiniband", rdma_device))
     for path in candidates:
-        if os.path.exists(os.path.join(path, "device")):
-            pci = _pci_of(path)
-            if pci:
-                names.add(pci)
+        pci = sysfs.bus_device(path)
+        if pci:
+            names.add(pci)
     return names
 
 

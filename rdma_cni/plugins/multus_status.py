@@ -29,7 +29,7 @@ from typing import Any
 from rdma_cni import durable
 from rdma_cni.cni.errors import CniError
 from rdma_cni.cni.result import Result, Route
-from rdma_cni.rdma import records
+from rdma_cni.rdma import records, sysfs
 
 log = logging.getLogger("rdma_cni.multus")
 
@@ -226,6 +226,5 @@ def _pci_address(sysfs_root: str, device: str) -> str:
     """The PCI function behind an RDMA device (``class/infiniband/<dev>/device``), if it is one."""
     if "/" in device or device in (".", ".."):
         return ""
-    target = os.path.realpath(os.path.join(sysfs_root, "class", "infiniband", device, "device"))
-    name = os.path.basename(target)
+    name = sysfs.bus_device(sysfs.device_dir(sysfs_root, device)) or ""
     return name if _PCI_ADDRESS.match(name) else ""

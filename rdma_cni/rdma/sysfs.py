@@ -118,6 +118,15 @@ def device_dir(sysfs_root: str, device: str) -> str:
     return os.path.join(sysfs_root, "class", "infiniband", device)
 
 
+def bus_device(class_entry: str) -> str | None:
+    """The bus device behind a sysfs class entry (``class/net/bond0``, ``class/infiniband/mlx5_0``):
+    the name its ``device`` link points at — a PCI address on real nodes — or None without one."""
+    link = os.path.join(class_entry, "device")
+    if not os.path.exists(link):
+        return None
+    return os.path.basename(os.path.realpath(link)) or None
+
+
 def port_dir(sysfs_root: str, device: str, port: int) -> str:
     return os.path.join(device_dir(sysfs_root, device), "ports", str(port))
 
