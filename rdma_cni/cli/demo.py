@@ -149,8 +149,10 @@ class Demo:
 
     # ---- the node ------------------------------------------------------------------------------
     def netns(self, name: str) -> None:
-        run("ip", "netns", "add", name)
+        # Listed before it exists: a Ctrl-C landing between `ip netns add` and the append (or
+        # inside `ip`, which gets the same SIGINT) must still leave it to cleanup's `ip netns del`.
         self.namespaces.append(name)
+        run("ip", "netns", "add", name)
         run("ip", "-n", name, "link", "set", "lo", "up")
         run(
             "ip",
