@@ -274,14 +274,14 @@ def test_add_over_a_recorded_attempt_whose_ipam_type_can_never_run(node_ns: Node
 
 
 # ------------------------------------------------------------------ masters
-@pytest.mark.parametrize(
-    ("masters", "named", "why"),
-    [
-        (["bondX"], "bondX", "does not exist"),
-        (["bond0", "bondX"], "bondX", "does not exist"),
-        (["lo"], "lo", "loopback"),
-    ],
-)
+BAD_MASTERS = [
+    (["bondX"], "bondX", "does not exist"),
+    (["bond0", "bondX"], "bondX", "does not exist"),
+    (["lo"], "lo", "loopback"),
+]
+
+
+@pytest.mark.parametrize(("masters", "named", "why"), BAD_MASTERS)
 def test_a_masters_entry_that_cannot_be_a_bond_is_7_naming_it(
     node_ns: Node, masters: list[str], named: str, why: str
 ) -> None:
@@ -295,6 +295,34 @@ def test_a_masters_entry_that_cannot_be_a_bond_is_7_naming_it(
     assert_clean(n, before)
     assert links_in(n, pod) == ["lo"]
     assert n.plugin("DEL", conf, pod).code == 0
+    assert_clean(n, before)
+    assert_next_pod_gets_the_bond(n, before)
+
+
+@pytest.mark.parametrize(("masters", "named", "why"), BAD_MASTERS)
+def test_status_refuses_a_bad_masters_entry_with_adds_own_error(
+    node_ns: Node, masters: list[str], named: str, why: str
+) -> None:
+    n = node_ns
+    before = bond0(n)
+    conf = n.config(masters=masters, cniVersion="1.1.0")
+    status = n.plugin("STATUS", conf)
+    assert status.code == 1 and status.out["code"] == 7, status.out
+    msg = status.out["msg"]
+    assert "'masters'" in msg and repr(named) in msg and why in msg and "`ip link`" in msg, msg
+    pod = n.pod()
+    add = n.plugin("ADD", conf, pod)
+    assert (add.code, add.out) == (status.code, status.out)  # one error, whichever verb asks
+    assert n.plugin("DEL", conf, pod).code == 0
+    assert n.plugin("STATUS", conf).out == status.out
+    assert_clean(n, before)
+
+
+def test_status_is_ready_for_a_good_master_and_changes_nothing(node_ns: Node) -> None:
+    n = node_ns
+    before = bond0(n)
+    res = n.plugin("STATUS", n.config(masters=["bond0"], cniVersion="1.1.0"))
+    assert (res.code, res.stdout) == (0, ""), res.stdout + res.stderr
     assert_clean(n, before)
     assert_next_pod_gets_the_bond(n, before)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from netns import Node
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,30 +25,35 @@ print(json.dumps({"code": code, "out": out, "loaded": loaded}))
 """
 
 
-def run_verb(command: str, tmp: str, master: str = "lo") -> dict[str, object]:
-    """The verb in a fresh interpreter (in-process here, the plugin would set up logging for good)."""
+def run_verb(command: str, tmp: str, master: str, netns: str) -> dict[str, object]:
+    """The verb in a fresh interpreter inside ``netns`` (in-process here, the plugin would set up
+    logging for good)."""
     conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": [master],
             "dataDir": os.path.join(tmp, "data"), "runDir": os.path.join(tmp, "run"), "logFile": "",
             "rdma": {"required": False}}
     env = {"CNI_COMMAND": command, "CNI_PATH": "/usr/lib/cni"}
-    proc = subprocess.run([sys.executable, "-c", RUN, json.dumps(env), json.dumps(conf)], capture_output=True,
-                          text=True, cwd="/", env={**os.environ, "PYTHONPATH": REPO, "RDMA_CNI_AGENT": "off"},
-                          check=True)
+    proc = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", RUN, json.dumps(env),
+                           json.dumps(conf)], capture_output=True, text=True, cwd="/",
+                          env={**os.environ, "PYTHONPATH": REPO, "RDMA_CNI_AGENT": "off"}, check=True)
     result: dict[str, object] = json.loads(proc.stdout)
     return result
 
 
+@pytest.mark.netns
 @pytest.mark.parametrize("command", ["VERSION", "STATUS"])
-def test_version_and_status_load_no_netlink_library_no_pydantic_no_click(command: str, tmp_path: str) -> None:
-    got = run_verb(command, str(tmp_path))
+def test_version_and_status_load_no_netlink_library_no_pydantic_no_click(command: str, node_ns: Node) -> None:
+    node_ns.bond("bond0", "198.51.100.2/28")
+    got = run_verb(command, node_ns.tmp, "bond0", node_ns.name)
     assert got["loaded"] == [], got
-    assert got["code"] == 0, got  # STATUS: "lo" holds 127.0.0.1, an address ADD could move
+    assert got["code"] == 0, got  # STATUS: bond0 holds 198.51.100.2, an address ADD could move
 
 
-def test_status_is_not_ready_for_a_master_without_a_movable_address(tmp_path: str) -> None:
-    got = run_verb("STATUS", str(tmp_path), master="nosuchdev0")
+@pytest.mark.netns
+def test_status_is_not_ready_for_a_master_without_a_movable_address(node_ns: Node) -> None:
+    node_ns.bond("bond0")  # up, so only its IPv6 link-local, which ADD never moves
+    got = run_verb("STATUS", node_ns.tmp, "bond0", node_ns.name)
     assert got["code"] == 1, got
-    assert json.loads(str(got["out"]))["code"] == 50 and "nosuchdev0 does not exist" in str(got["out"])
+    assert json.loads(str(got["out"]))["code"] == 50 and "bond0 holds no IP address" in str(got["out"])
 
 
 GOOD = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": ["bond0"]}

@@ -489,9 +489,15 @@ class MacvlanPlugin:
         pins = state.pins()
         host = netlink_in(None)
         try:
+            # ADD's own check of the configured masters, answered with ADD's error (7, naming 'masters',
+            # the entry and the fix), not 50: the CNI 1.1 spec has STATUS fail when the plugin knows ADD
+            # cannot succeed and defines 50/51 for that context, but does not confine STATUS to them,
+            # and 7 (invalid network config) is a well-known code for every verb. A config ADD refuses
+            # is no "not ready yet": the same words from both verbs name the one fix.
+            known = _configured_masters(host, cfg.masters) if cfg.masters else {}
             reasons = []
             for m in masters:
-                link = links.get_link(host, m)
+                link = known[m] if m in known else links.get_link(host, m)
                 if m in pins:
                     reasons.append(f"{m} pinned to {pins[m].container_id}")
                 elif link is None:
