@@ -416,6 +416,46 @@ def test_state_command_names_the_pod_and_what_the_host_misses(node: netns.Node, 
     assert inv["missing"][0]["bond"] == "bond0" and inv["missing"][0]["addresses"] == ["198.51.100.2/28"]
 
 
+def test_state_shows_the_pod_table_and_rules_of_a_bond_whose_routes_clashed(
+    node: netns.Node, tmp_path: Path
+) -> None:
+    """A real ADD into a pod whose eth0 already routes bond0's prefix puts bond0's routes in pod table
+    100 behind a ``from`` rule; state shows that table and rule as the pod's ``ip rule`` has them, and
+    nothing of the kind for bond1, whose pod had no clash (its routes are in the pod's main table)."""
+    node.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
+    node.bond("bond1", "198.51.100.18/28", peer="198.51.100.17/28")
+    node.ip("route", "add", "203.0.113.0/28", "via", "198.51.100.1")
+    before = node.snapshot()
+    p = paths(node, fixture_tree("pod", tmp_path), tmp_path)
+    clashing, plain = node.pod(), node.pod()
+    for cmd in (["link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"],
+                ["addr", "add", "203.0.113.129/25", "dev", "eth0"], ["link", "set", "eth0", "up"],
+                ["route", "add", "203.0.113.0/28", "via", "203.0.113.130", "dev", "eth0"]):
+        node.pod_exec(clashing, "ip", *cmd)
+    attached = ((clashing, "bond0", "clash1"), (plain, "bond1", "plain1"))
+    for pod, bond, cid in attached:
+        res = node.plugin("ADD", node.config(masters=[bond], cniVersion="1.1.0"), pod, container_id=cid)
+        assert res.code == 0, res.stdout + res.stderr
+    live = [r for r in node.pod_json(clashing, "rule") if r.get("src", "all") != "all"]
+    assert [(r["priority"], r["src"], r["table"]) for r in live] == [(100, "198.51.100.2", "100")], live
+
+    text = cni_tool(p, "state")
+    assert text.returncode == 0, text.stderr
+    assert "    bond0 routes in pod table 100, rules: 100: from 198.51.100.2 lookup 100\n" in text.stdout
+    assert "bond1 routes in pod table" not in text.stdout
+    inv = json.loads(cni_tool(p, "state", "--json").stdout)
+    bonds = {b["bond"]: b for a in inv["attachments"] for b in a["bonds"]}
+    assert bonds["bond0"]["podTable"] == 100
+    assert bonds["bond0"]["podRules"] == [{"priority": 100, "from": "198.51.100.2", "table": 100}]
+    assert bonds["bond1"]["podTable"] is None and bonds["bond1"]["podRules"] == []
+
+    for pod, bond, cid in attached:
+        res = node.plugin("DEL", node.config(masters=[bond], cniVersion="1.1.0"), pod, container_id=cid)
+        assert res.code == 0, res.stdout + res.stderr
+    assert "no attachments: nothing is pinned" in cni_tool(p, "state").stdout
+    assert node.snapshot() == before
+
+
 def test_a_deleted_attachment_waiting_for_its_ipam_release_is_a_warning(tmp_path: Path) -> None:
     """A DEL that gave the bond back but could not release the IPAM lease leaves an ipam-pending
     record without bonds: doctor says what it waits for, not that a bond is pinned."""

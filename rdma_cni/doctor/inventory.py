@@ -4,7 +4,9 @@ An attachment (container, ifname) pins bonds; while its pod netns lives, the bon
 *lent* to it. When that netns is gone and no DEL came, the addresses are *missing* from the host
 until DEL or GC gives them back. The pod's namespace/name is the record's (the CNI_ARGS the
 runtime passed ADD), or for records written before ADD kept it, the runtime's libcni result cache's
-(its ``cniArgs``).
+(its ``cniArgs``). A bond whose routes went to a pod table of their own (the pod already routed
+one of its prefixes: :mod:`rdma_cni.net.pod_routing`) shows that table and the ``from`` rules
+ADD put in the pod, so ``ip rule`` in the pod can be read against them.
 
     inv = inventory(observe(NodePaths()))
     print(render_inventory(inv))
@@ -17,7 +19,7 @@ from typing import Any
 
 from rdma_cni.doctor.deviceplugin import ABSENT, DevicePluginView
 from rdma_cni.doctor.node import NodeSnapshot
-from rdma_cni.state import AttachmentRecord, bond_drift
+from rdma_cni.state import AttachmentRecord, BondRecord, bond_drift
 
 
 def pod_names(results_dirs: tuple[str, ...], container_id: str) -> str:
@@ -38,6 +40,15 @@ def _addresses(rec: AttachmentRecord, bond: str) -> list[str]:
     return [cidr(a) for b in rec.bonds if b.bond == bond for a in b.addresses]
 
 
+def _pod_rules(b: BondRecord) -> list[dict[str, Any]]:
+    """The ``from <address> lookup <table>`` rules ADD created in the pod for a bond whose routes
+    went to a table of their own (a rule the pod already had is not ours and not recorded)."""
+    from rdma_cni.net.rtnl import attr
+
+    return [{"priority": attr(r, "FRA_PRIORITY"), "from": attr(r, "FRA_SRC"),
+             "table": attr(r, "FRA_TABLE", r.get("table"))} for r in b.pod_rules]
+
+
 def _attachment(snap: NodeSnapshot, rec: AttachmentRecord) -> dict[str, Any]:
     alive = snap.netns_alive.get(rec.container_id, False)
     return {
@@ -55,6 +66,8 @@ def _attachment(snap: NodeSnapshot, rec: AttachmentRecord) -> dict[str, Any]:
                 "podIfname": b.pod_ifname,
                 "addresses": _addresses(rec, b.bond),
                 "rdma": b.rdma,
+                "podTable": b.pod_table,  # None: the bond's routes are in the pod's main table
+                "podRules": _pod_rules(b),
             }
             for b in rec.bonds
         ],
@@ -194,6 +207,8 @@ def render_inventory(inv: dict[str, Any]) -> str:
                 uverbs = f", /dev/infiniband/{rdma['uverbs']}" if rdma.get("uverbs") else ""
                 gid = f", {rdma.get('device', '?')} GID index {index}{uverbs}"
             lines.append(f"  {b['bond']} -> {b['podIfname']}: {', '.join(b['addresses']) or '-'}{gid}")
+            if b.get("podTable") is not None:
+                lines.append(f"    {b['bond']} routes in pod table {b['podTable']}, rules: {_rules_text(b)}")
     lines.append("")
     if not inv["missing"]:
         lines.append("the host is missing nothing")
@@ -208,6 +223,12 @@ def render_inventory(inv: dict[str, Any]) -> str:
     for path in inv["unreadableState"]:
         lines.append(f"UNREADABLE state file {path}: DEL cannot restore from it; inspect it by hand")
     return "\n".join(lines) + "\n"
+
+
+def _rules_text(b: dict[str, Any]) -> str:
+    """As ``ip rule`` prints them: ``100: from 198.51.100.2 lookup 100``."""
+    rules = [f"{r['priority']}: from {r['from']} lookup {r['table']}" for r in b.get("podRules", [])]
+    return "; ".join(rules) or "none of its own (an identical rule was already in the pod)"
 
 
 def render_inventory_json(inv: dict[str, Any]) -> str:
