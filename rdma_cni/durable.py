@@ -65,8 +65,8 @@ def atomic_write_json(
     # Compact on purpose: ``indent`` makes json fall back from its C encoder to the pure-Python one,
     # ~6x slower (an 8-bond attachment record: ~1 ms against ~0.15 ms per write, three writes per
     # ADD). ``cni-tool state`` is the readable view; ``python3 -m json.tool FILE`` pretty-prints one.
-    atomic_write(path, json.dumps(obj, sort_keys=True, separators=(",", ":")).encode() + b"\n", mode, dir_mode,
-                 sync)
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    atomic_write(path, text.encode() + b"\n", mode, dir_mode, sync)
 
 
 def sync_path(path: str) -> None:

@@ -244,7 +244,7 @@ def test_a_dump_read_while_the_table_changes_misses_nothing(node_ns: Node, tmp_p
             ipr = netlink_in(ns)
             try:
                 for _ in range(1000):  # until the kernel flagged a few dumps (9 of 50 here)
-                    got = {m.get_attr("IFA_LOCAL") for m in ipr.addr_dump(socket.AF_INET)}
+                    got = {rtnl.attr(m, "IFA_LOCAL") for m in ipr.addr_dump(socket.AF_INET)}
                     assert stable <= got, sorted(stable - got)[:5]
                     if ipr.dumps_repeated >= 3:
                         break

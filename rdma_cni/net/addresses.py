@@ -30,7 +30,6 @@ import math
 import os
 import socket
 import time
-from typing import Any
 
 from rdma_cni.net import rtnl
 from rdma_cni.net.nlsock import RtnlSocket
@@ -98,9 +97,9 @@ def holds_movable(ipr: RtnlSocket, index: int) -> bool:
     return any(movable(*kind) for kind in ipr.addr_kinds(index))
 
 
-def _with_lifetimes(msg: Any, rec: Record, now: float) -> Record:
+def _with_lifetimes(full: Record, rec: Record, now: float) -> Record:
     """Keep a finite lifetime (rtnl records drop IFA_CACHEINFO: its timestamps never replay)."""
-    info = msg.get_attr("IFA_CACHEINFO")
+    info = attr(full, "IFA_CACHEINFO")
     if info is not None and info["ifa_valid"] != FOREVER:
         rec["lifetimes"] = {"valid": info["ifa_valid"], "preferred": info["ifa_preferred"], "at": now}
     return rec

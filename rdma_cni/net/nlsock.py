@@ -4,9 +4,10 @@ Why not pyroute2's ``IPRoute`` here: its synchronous API runs an asyncio loop pe
 every message through its request filters, ~0.5-1 ms of Python per request and ~1 ms to open one,
 against tens of microseconds of kernel work. An ADD makes about fifteen requests in two netns, so
 that machinery was most of the plugin's own time. Link messages are few and small and are encoded
-here with ``struct``. Address, route and rule messages keep pyroute2's message classes as the codec
-(they decode nothing else): the records kept in state stay exactly what the kernel reported, and a
-replay sends back every attribute it had.
+here with ``struct``; address, route and rule messages go through :func:`rdma_cni.net.rtnl.encode` /
+:func:`~rdma_cni.net.rtnl.decode` (by ``struct`` too, pyroute2's classes for the rare rest), so the
+records kept in state stay exactly what the kernel reported, and a replay sends back every attribute
+it had.
 
 The socket is opened in the netns of the calling thread and stays bound to it (see
 :func:`rdma_cni.net.netns.netlink_in`). Errors are :class:`NetlinkError` (an ``OSError`` with the
@@ -21,9 +22,9 @@ import socket
 import struct
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from rdma_cni.net.rtnl import light_pyroute2
+from rdma_cni.net import rtnl
+from rdma_cni.net.rtnl import Record
 
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10  # errors do not echo the request back (less to read)
@@ -301,20 +302,16 @@ class RtnlSocket:
         self.request(RTM_DELLINK, _IFINFOMSG.pack(0, 0, 0, 0, 0) + nla(IFLA_GROUP, _U32.pack(group)))
 
     # -------------------------------------------------------------- addresses, routes, rules
-    def send_message(self, msg: Any, msg_type: int, flags: int) -> None:
-        """A pyroute2 message object (ifaddrmsg/rtmsg/fibmsg) sent as a request with ack."""
+    def send_encoded(self, encode: Callable[[int], bytes]) -> None:
+        """A request encoded by ``encode(sequence number)`` (header included, NLM_F_ACK set): sent,
+        and its ack read (a refusal raises)."""
         seq = self.next_seq()
-        msg["header"] = {"type": msg_type, "flags": NLM_F_REQUEST | NLM_F_ACK | flags,
-                         "sequence_number": seq, "pid": 0}
-        msg.encode()
-        self.exchange(bytes(msg.data), seq)
+        self.exchange(encode(seq), seq)
 
-    def addr_dump(self, family: int = 0, index: int = 0) -> list[Any]:
-        """Decoded address messages (pyroute2 ``ifaddrmsg``), only those of ``index`` when given."""
-        light_pyroute2()
-        from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
-
-        return [_decoded(ifaddrmsg, m) for m in self._addr_messages(family, index)]
+    def addr_dump(self, family: int = 0, index: int = 0) -> list[Record]:
+        """Address records with every attribute (:func:`rdma_cni.net.rtnl.decode`), only those of
+        ``index`` when given."""
+        return [rtnl.decode("addr", m) for m in self._addr_messages(family, index)]
 
     def addr_kinds(self, index: int) -> list[tuple[int, int, int, int]]:
         """(family, scope, flags, proto) of each address of ``index``, read from the raw messages
@@ -341,27 +338,21 @@ class RtnlSocket:
     def route_dump(
         self, family: int, keep: Callable[[int, int], bool] | None = None,
         links: Collection[int] = (), sources: Collection[bytes] = (),
-    ) -> list[Any]:
-        """Decoded route messages (pyroute2 ``rtmsg``); ``keep(table, proto)`` filters before decoding,
-        and so do ``links``/``sources`` when given: only routes through one of those ifindexes (or
+    ) -> list[Record]:
+        """Route records with every attribute; ``keep(table, proto)`` filters before decoding, and
+        so do ``links``/``sources`` when given: only routes through one of those ifindexes (or
         multipath ones), or with one of those packed addresses as preferred source, are decoded."""
-        light_pyroute2()
-        from pyroute2.netlink.rtnl.rtmsg import rtmsg
-
         raw = self.dump(RTM_GETROUTE, struct.pack("=BBBBBBBBI", family, 0, 0, 0, 0, 0, 0, 0, 0))
         if keep is not None:
             raw = [m for m in raw if keep(m[_NLMSGHDR.size + 4], m[_NLMSGHDR.size + 5])]
         if links or sources:
             raw = [m for m in raw if _route_may_use(m, links, sources)]
-        return [_decoded(rtmsg, m) for m in raw]
+        return [rtnl.decode("route", m) for m in raw]
 
-    def rule_dump(self, family: int, keep: Callable[[bytes], bool] | None = None) -> list[Any]:
-        """Decoded rule messages (pyroute2 ``fibmsg``); ``keep(raw message)`` filters before decoding."""
-        light_pyroute2()
-        from pyroute2.netlink.rtnl.fibmsg import fibmsg
-
+    def rule_dump(self, family: int, keep: Callable[[bytes], bool] | None = None) -> list[Record]:
+        """Rule records with every attribute; ``keep(raw message)`` filters before decoding."""
         raw = self.dump(RTM_GETRULE, struct.pack("=BBBBBBBBI", family, 0, 0, 0, 0, 0, 0, 0, 0))
-        return [_decoded(fibmsg, m) for m in raw if keep is None or keep(m)]
+        return [rtnl.decode("rule", m) for m in raw if keep is None or keep(m)]
 
 
 RTA_OIF, RTA_PREFSRC, RTA_MULTIPATH = 4, 7, 9
@@ -380,12 +371,6 @@ def _route_may_use(m: bytes, links: Collection[int], sources: Collection[bytes])
         if kind == RTA_MULTIPATH:
             return True
     return False
-
-
-def _decoded(cls: Any, data: bytes) -> Any:
-    msg = cls(data)
-    msg.decode()
-    return msg
 
 
 def _raise_if_error(message: bytes, flags: int) -> None:
