@@ -2,7 +2,7 @@
 
 Why by hand: pyroute2's message classes are the reference codec for these records (their attribute
 names and value shapes are what state files hold), but they cost ~130-180 us to encode one message
-and ~60-100 us to decode one (``python3 -m timeit``-style loop in scripts/bench-rtcodec). An 8-bond
+and ~60-100 us to decode one, ~20x and ~10x what this codec takes (scripts/bench-rtcodec). An 8-bond
 ADD encodes 32 and decodes ~40: ~10 ms of a ~33 ms call, in the part of the call that every
 concurrent ADD of the node also needs the CPU for. This codec covers the attribute types the kernel
 reports for IPv4/IPv6 addresses, unicast routes (with metrics) and rules. Anything else -- an
