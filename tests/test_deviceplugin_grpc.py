@@ -152,6 +152,53 @@ def test_twenty_kubelet_restarts_each_re_registered_no_stream_left_behind() -> N
         assert socks == [ep.endpoint]
 
 
+def inotify_watches(pid: int) -> list[tuple[int, int]]:
+    """(inode, mask) of every inotify watch the process holds, as the kernel lists them in fdinfo."""
+    out = []
+    fds = f"/proc/{pid}/fdinfo"
+    for fd in os.listdir(fds):
+        try:
+            with open(os.path.join(fds, fd)) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        for line in lines:
+            if line.startswith("inotify wd:"):
+                fields = dict(part.split(":", 1) for part in line.split()[1:])
+                out.append((int(fields["ino"], 16), int(fields["mask"], 16)))
+    return out
+
+
+@pytest.mark.parametrize("inotify", ["on", "off"])
+def test_a_kubelet_restart_is_seen_through_inotify_on_kubelets_directory_or_by_polling_without(
+    monkeypatch: pytest.MonkeyPatch, inotify: str
+) -> None:
+    """With inotify the plugin process holds a watch on the device-plugins directory for creates and
+    deletes (the kernel's own list, /proc/PID/fdinfo) and says so; RDMA_CNI_INOTIFY=off makes it poll
+    (no watch, a WARN naming why). A kubelet restart is answered either way."""
+    from rdma_cni.kube.dirwatch import ENV_SWITCH, IN_CREATE, IN_DELETE
+
+    if inotify == "off":
+        monkeypatch.setenv(ENV_SWITCH, "off")
+    with dp_node(bonds=2) as d:
+        proc = d.start()
+        first = d.endpoint()
+        first.wait_list(lambda devs: len(devs) == 2)
+        directory = os.stat(d.kubelet.dir).st_ino
+        watches = [mask for ino, mask in inotify_watches(proc.pid) if ino == directory]
+        if inotify == "on":
+            assert len(watches) == 1 and watches[0] & IN_CREATE and watches[0] & IN_DELETE, watches
+            assert f"watching {d.kubelet.dir} with inotify" in d.log_text()
+        else:
+            assert watches == []
+            assert f"polling {d.kubelet.dir} every 100 ms: {ENV_SWITCH}=off" in d.log_text()
+        d.kubelet.restart()
+        ep = d.kubelet.wait_endpoint(RESOURCE, newer_than=first, timeout=15)
+        assert ep.endpoint != first.endpoint
+        ep.wait_list(lambda devs: len(devs) == 2)
+        assert d.stop(proc) == 0  # a stop ends the long inotify wait at once: a clean exit
+
+
 def test_kubelet_dropping_the_stream_gets_a_new_registration() -> None:
     """kubelet ends the stream and forgets the endpoint (no restart, no socket deleted): the plugin
     must notice the stream's end and register again, on a new socket."""

@@ -8,8 +8,10 @@ kubelet's rules (deviceplugin-facts.md 1.4-1.5) and what this module does about 
 - kubelet never re-dials. A restarted kubelet deletes every socket in the directory and re-creates
   ``kubelet.sock``; a kubelet that drops the stream forgets the endpoint. Each of the three signs
   (own socket gone, ``kubelet.sock`` with a new inode, the last ListAndWatch closed by kubelet) starts
-  a new *generation*: a new server on a new socket, registered again. They are polled every 100 ms
-  (two ``lstat``), so a restart is answered well within 2 s.
+  a new *generation*: a new server on a new socket, registered again. The loop sleeps until one of
+  them may have happened: the directory is watched with inotify (:mod:`rdma_cni.kube.dirwatch`: a
+  socket deleted or created wakes it at once) and a stream's end wakes it from the gRPC thread; it
+  then looks (two ``lstat``). Without inotify it looks every 100 ms instead, as a poll.
 - A unique socket name per generation (``tke-shared-rdma-<ns>.sock``) keeps a rolling update's old
   and new plugin apart (k8s #121994); sockets of our own earlier runs that no one answers on any
   more (a kill -9) are removed at start.
@@ -43,6 +45,7 @@ import grpc
 from rdma_cni.deviceplugin.config import PluginConfig
 from rdma_cni.deviceplugin.server import OPTIONS, Board, DevicePluginService, serve
 from rdma_cni.deviceplugin.status import StatusFile
+from rdma_cni.kube.dirwatch import DirWatch
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -50,7 +53,8 @@ log = logging.getLogger(__name__)
 
 VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-POLL_S = 0.1
+POLL_S = 0.1  # without inotify: how often the sockets are looked at
+WATCH_CAP_S = 1.0  # with inotify: the longest sleep without an event (a safety net, never needed)
 REGISTER_TIMEOUT_S = 12.0  # kubelet's own dial back may take its full 10 s
 PROVE_TIMEOUT_S = 5.0
 PROVE_TRY_S = 0.25
@@ -126,6 +130,11 @@ def register(kubelet_socket: str, endpoint: str, resource_name: str,
                     return False
 
 
+def _wake_on(stop: threading.Event, watch: DirWatch) -> None:
+    stop.wait()
+    watch.wake()
+
+
 @dataclass
 class Generation:
     """One server on one socket; replaced as a whole, never repaired."""
@@ -156,6 +165,7 @@ class Lifecycle:
         self._kick = threading.Event()
         self._current: Generation | None = None
         self._state = ""
+        self._watch: DirWatch | None = None
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
@@ -163,18 +173,23 @@ class Lifecycle:
         base = socket_base(self._cfg.resource_name)
         for path in remove_stale_sockets(self._dir, base):
             log.info("removed %s: a socket of an earlier run that no one answers on", path)
-        try:
-            while not stop.is_set():
-                gen = self._start(base, stop)
-                if gen is None:
-                    break
-                reason = self._register_and_watch(gen, stop)
+        with DirWatch(self._dir, POLL_S) as watch:
+            self._watch = watch
+            # A stop (a signal handler on this thread, or another thread) must end a long wait too.
+            threading.Thread(target=_wake_on, args=(stop, watch), name="dp-stop", daemon=True).start()
+            try:
+                while not stop.is_set():
+                    gen = self._start(base, stop)
+                    if gen is None:
+                        break
+                    reason = self._register_and_watch(gen, stop, watch)
+                    self._stop_current()
+                    if reason:
+                        log.warning("starting over on a new socket: %s", reason)
+            finally:
+                self._watch = None
                 self._stop_current()
-                if reason:
-                    log.warning("starting over on a new socket: %s", reason)
-        finally:
-            self._stop_current()
-            self._status.update(registered=False, endpoint="")
+                self._status.update(registered=False, endpoint="")
 
     def _start(self, base: str, stop: threading.Event) -> Generation | None:
         """Serve a new socket and prove it answers; retried while the directory is not usable."""
@@ -217,12 +232,13 @@ class Lifecycle:
                 if time.monotonic() > deadline:
                     return f"own socket {gen.path} does not answer ({e.code()})"
 
-    def _register_and_watch(self, gen: Generation, stop: threading.Event) -> str:
+    def _register_and_watch(self, gen: Generation, stop: threading.Event, watch: DirWatch) -> str:
         """Register ``gen`` (retrying) and watch it; the reason to start over, "" on stop."""
         registered_inode: int | None = None
         tried_inode: int | None = None
         backoff, next_try, next_check = BACKOFF_MIN_S, 0.0, 0.0
         while not stop.is_set():
+            pause = WATCH_CAP_S  # until the directory changes or a stream ends (see the module doc)
             if socket_inode(gen.path) != gen.inode:
                 return f"own socket {gen.path} was deleted (kubelet restarted and cleaned its directory)"
             kubelet = socket_inode(self._kubelet)
@@ -240,6 +256,8 @@ class Lifecycle:
                     self._status.update(registered=False)
                     self._note(f"standby-{other}", logging.WARNING, "kubelet dropped our stream for %s, "
                                "another rdma-device-plugin; standing by until it stops", other)
+                if self._kick.is_set():
+                    pause = min(pause, next_check - time.monotonic())
             elif kubelet is None:
                 self._note("absent", logging.WARNING, "no kubelet at %s yet; registering when it appears",
                            self._kubelet)
@@ -252,7 +270,8 @@ class Lifecycle:
                         continue
                     next_try = time.monotonic() + backoff
                     backoff = min(backoff * 2, BACKOFF_MAX_S)
-            stop.wait(POLL_S)
+                pause = min(pause, next_try - time.monotonic())
+            watch.wait(pause)
         return ""
 
     def _try_register(self, gen: Generation) -> bool:
@@ -280,9 +299,11 @@ class Lifecycle:
     # ------------------------------------------------------------------ helpers
     def _streams_gone(self) -> None:
         """From a gRPC thread: kubelet's last stream of *some* generation ended from its side."""
-        current = self._current
+        current, watch = self._current, self._watch
         if current is not None and current.service.streams.open == 0:
             self._kick.set()
+            if watch is not None:
+                watch.wake()
 
     def _stop_current(self) -> None:
         gen, self._current = self._current, None
