@@ -30,7 +30,13 @@ def _fsync(path: str, flags: int = 0) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700, sync: bool = True) -> None:
+TEMP_PREFIX = ".tmp-"
+
+
+def atomic_write(
+    path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o700, sync: bool = True,
+    temp_prefix: str = TEMP_PREFIX,
+) -> None:
     """temp file in the same dir + fsync + rename + fsync(dir): readers never see a torn file.
 
     ``sync=False`` skips both fsyncs: still atomic for every reader while the machine runs, but a
@@ -40,7 +46,7 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         ensure_dir(directory, dir_mode)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix, dir=directory)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
@@ -60,13 +66,14 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, dir_mode: int = 0o70
 
 
 def atomic_write_json(
-    path: str, obj: Any, mode: int = 0o600, dir_mode: int = 0o700, sync: bool = True
+    path: str, obj: Any, mode: int = 0o600, dir_mode: int = 0o700, sync: bool = True,
+    temp_prefix: str = TEMP_PREFIX,
 ) -> None:
     # Compact on purpose: ``indent`` makes json fall back from its C encoder to the pure-Python one,
     # ~6x slower (an 8-bond attachment record: ~1 ms against ~0.15 ms per write, three writes per
     # ADD). ``cni-tool state`` is the readable view; ``python3 -m json.tool FILE`` pretty-prints one.
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    atomic_write(path, text.encode() + b"\n", mode, dir_mode, sync)
+    atomic_write(path, text.encode() + b"\n", mode, dir_mode, sync, temp_prefix)
 
 
 def sync_path(path: str) -> None:

@@ -19,8 +19,11 @@ so the kernel work runs concurrently. Whoever tears down *another* attachment's 
 ADD reclaiming a dead netns's bonds) holds the node lock and only *tries* that claim: a busy claim
 is an ADD or DEL in flight, skipped, never waited for (no lock-order inversion). Claims hash the
 attachment into 256 never-deleted lock files (no unlink race; a collision only serialises two
-calls). Every write under ``attachments/`` still happens under the node lock, so the temp-file
-sweep below stays true.
+calls). The record's later writes (the routing plan, what the transaction learns, the commit) need
+no node lock: its pins never change after the first write, and only its claim holder writes it.
+Their temp files are named after the claim (``.tmpc-<bucket>-*``), so the sweep of what an atomic
+write cut short removes one only while that claim is free; a ``.tmp-*`` file is always written
+under the node lock, so any one a lock holder finds is an orphan.
 
 Only the write-ahead record is synced to disk (fsync of file and dir, before the host is touched):
 it alone decides whether the host gets its addresses back. The committed record (phase "added",
@@ -82,6 +85,7 @@ ATTACHMENTS_DIR = "attachments"
 LOCK_FILE = "lock"
 CLAIMS_DIR = "claims"
 CLAIM_BUCKETS = 256
+CLAIMED_TEMP_PREFIX = ".tmpc-"  # + "<bucket:02x>-": an atomic write by a claim holder, no node lock
 COMMIT_SUFFIX = ".added"
 SKIPPED_DIR = "skipped"
 
@@ -250,6 +254,14 @@ def _stamp(st: os.stat_result) -> list[int]:
     return [st.st_ino, st.st_mtime_ns]
 
 
+def _bucket(container_id: str, ifname: str) -> int:
+    return zlib.crc32(record_filename(container_id, ifname).encode()) % CLAIM_BUCKETS
+
+
+def _is_bucket(text: str) -> bool:
+    return len(text) == 2 and all(c in "0123456789abcdef" for c in text)
+
+
 def record_filename(container_id: str, ifname: str) -> str:
     """``<cid>@<quoted ifname>.json``: '@' cannot occur in a valid container ID; the ifname is quoted."""
     validate_container_id(container_id)
@@ -321,12 +333,25 @@ class NodeState:
             os.close(fd)
 
     def _claim_fd(self, att: Attachment) -> int:
+        return self._bucket_fd(_bucket(att.container_id, att.ifname))
+
+    def _bucket_fd(self, bucket: int) -> int:
         durable.ensure_dir(self.data_dir)
         claims = os.path.join(self.data_dir, CLAIMS_DIR)
         if not os.path.isdir(claims):
             durable.ensure_dir(claims)
-        bucket = zlib.crc32(record_filename(att.container_id, att.ifname).encode()) % CLAIM_BUCKETS
         return os.open(os.path.join(claims, f"{bucket:02x}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def _bucket_free(self, bucket: int) -> bool:
+        """Nobody (this process included, through another claim) holds claim ``bucket`` now."""
+        fd = self._bucket_fd(bucket)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        return True
 
     def sweep(self) -> None:
         """Remove what an atomic write cut short by kill -9 left behind (under the node lock)."""
@@ -334,26 +359,41 @@ class NodeState:
             pass  # locked() sweeps once it holds the lock
 
     def _sweep_temp_files(self) -> None:
-        """Temp files of an atomic write cut short by kill -9. Only lock holders write here, and we
-        hold the lock, so every temp file present now is an orphan."""
+        """Temp files of an atomic write cut short by kill -9. ``.tmp-*`` ones are written only
+        under the node lock, which we hold: every one present now is an orphan. A claim holder's
+        (``.tmpc-<bucket>-*``) is one only while that claim is free (its writer is gone)."""
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
             return
         for name in names:
-            if name.startswith(".tmp-"):
-                log.info("removing %s/%s left by an interrupted write", self.dir, name)
-                durable.remove(os.path.join(self.dir, name))
+            if name.startswith(CLAIMED_TEMP_PREFIX):
+                bucket = name[len(CLAIMED_TEMP_PREFIX) : len(CLAIMED_TEMP_PREFIX) + 2]
+                if not _is_bucket(bucket) or not self._bucket_free(int(bucket, 16)):
+                    continue
+            elif not name.startswith(durable.TEMP_PREFIX):
+                continue
+            log.info("removing %s/%s left by an interrupted write", self.dir, name)
+            durable.remove(os.path.join(self.dir, name))
+
+    def _temp_prefix(self, rec: AttachmentRecord) -> str:
+        """Under the node lock the plain temp name; else the writer must hold ``rec``'s claim."""
+        if self._holding:
+            return durable.TEMP_PREFIX
+        return f"{CLAIMED_TEMP_PREFIX}{_bucket(rec.container_id, rec.ifname):02x}-"
 
     def path(self, container_id: str, ifname: str) -> str:
         return os.path.join(self.dir, record_filename(container_id, ifname))
 
     def put(self, rec: AttachmentRecord, sync: bool = True) -> None:
         """The write-ahead record, synced: on disk before the caller touches the host. ``sync=False``
-        leaves that to :meth:`sync`, so the disk wait can happen after the node lock is released."""
+        leaves that to :meth:`sync`, so the disk wait can happen after the node lock is released.
+        The first write of a record (it pins bonds) needs the node lock; a later one, the record's
+        claim alone (module doc)."""
         self.ensure()
         self._held = None
-        durable.atomic_write_json(self.path(rec.container_id, rec.ifname), rec.to_dict(), sync=sync)
+        durable.atomic_write_json(self.path(rec.container_id, rec.ifname), rec.to_dict(), sync=sync,
+                                  temp_prefix=self._temp_prefix(rec))
 
     def sync(self, rec: AttachmentRecord) -> None:
         durable.sync_path(self.path(rec.container_id, rec.ifname))
@@ -363,7 +403,7 @@ class NodeState:
         path = self.path(rec.container_id, rec.ifname)
         self._held = None
         body = {"writeAhead": _stamp(os.stat(path)), "record": rec.to_dict()}
-        durable.atomic_write_json(path + COMMIT_SUFFIX, body, sync=False)
+        durable.atomic_write_json(path + COMMIT_SUFFIX, body, sync=False, temp_prefix=self._temp_prefix(rec))
 
     def replace(self, rec: AttachmentRecord) -> None:
         """A smaller record in place of the one on disk (synced), its commit dropped: a DEL that

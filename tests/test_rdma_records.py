@@ -142,3 +142,43 @@ def test_host_record_without_any_ipv4_gid_has_no_index(tmp_path: Path) -> None:
     root = build_tree(str(tmp_path / "sys"), [SimBond("bond0", "mlx5_bond_0")], 8)
     rec = records.update_host_record(str(tmp_path / "run"), root)
     assert rec["ports"][0]["gidIndex"] is None
+
+
+HOLD_HOST_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+UPDATE = """
+import sys
+from rdma_cni.rdma import records
+records.update_host_record(sys.argv[1], sys.argv[2])
+print("updated", flush=True)
+"""
+
+
+def test_host_record_updates_wait_for_each_other(tmp_path: Path) -> None:
+    """ADDs refresh host.json outside the node lock: its read-modify-write (which keeps the index of
+    an IP another ADD moved) takes a lock of its own, so two refreshes never interleave."""
+    root = build_tree(str(tmp_path / "sys"), [SimBond("bond0", "mlx5_bond_0")], 8)
+    run = str(tmp_path / "run")
+    records.update_host_record(run, root)
+    lock = os.path.join(run, "gid", records.HOST_LOCK)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_HOST_LOCK, lock], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        updater = subprocess.Popen([sys.executable, "-c", UPDATE, run, root], stdout=subprocess.PIPE)
+        with pytest.raises(subprocess.TimeoutExpired):
+            updater.communicate(timeout=1.0)  # blocked on the lock
+        assert holder.stdin is not None
+        holder.stdin.write(b"\n")
+        holder.stdin.flush()
+        out, _ = updater.communicate(timeout=20)
+        assert out == b"updated\n" and updater.returncode == 0
+    finally:
+        holder.kill()
+        holder.wait()

@@ -192,6 +192,73 @@ def test_orphaned_temp_files_are_swept_under_the_lock(tmp_path: str) -> None:
     assert not os.path.exists(orphan)
 
 
+CLAIM_AND_WRITE = """
+import os, sys
+from rdma_cni.cni.request import Attachment
+from rdma_cni.state import NodeState
+st = NodeState(sys.argv[1])
+with st.claimed(Attachment(sys.argv[2], sys.argv[3])):
+    print("claimed", flush=True)
+    sys.stdin.readline()  # hold the claim until told (or killed)
+"""
+
+
+def test_a_claim_holders_temp_file_is_swept_only_once_its_claim_is_free(tmp_path: str) -> None:
+    """Writes after the first one (routing plan, commit) take no node lock, only the record's claim:
+    a lock holder's sweep must leave such a write's temp file alone while its writer may still
+    rename it, and remove it once the writer is gone (kill -9 mid-write)."""
+    st = NodeState(str(tmp_path))
+    st.ensure()
+    r = rec("c9", "net1")
+    prefix = st._temp_prefix(r)
+    assert prefix.startswith(".tmpc-") and prefix != ".tmpc-"
+    pending = os.path.join(st.dir, prefix + "xyz")
+    holder = subprocess.Popen([sys.executable, "-c", CLAIM_AND_WRITE, str(tmp_path), "c9", "net1"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"claimed\n"
+        with open(pending, "w") as f:
+            f.write("{")
+        with st.locked():
+            pass
+        assert os.path.exists(pending), "swept while its claim is held: the writer's rename would fail"
+        assert st.attachments() == []  # never read as a record
+        holder.kill()  # the writer dies mid-write
+        holder.wait()
+        with st.locked():
+            pass
+        assert not os.path.exists(pending)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_record_written_without_the_node_lock_uses_the_claims_temp_name(tmp_path: str) -> None:
+    st = NodeState(str(tmp_path))
+    r = rec("c1", "net1")
+    with st.locked():
+        st.put(r)  # the first write pins: under the lock
+    seen: list[str] = []
+    real = os.replace
+
+    def spy(src: str, dst: str) -> None:
+        seen.append(os.path.basename(src))
+        real(src, dst)
+
+    try:
+        os.replace = spy  # type: ignore[assignment]
+        with st.claimed(r.key):
+            st.put(r, sync=False)
+            st.commit(r)
+        with st.locked():
+            st.put(r)
+    finally:
+        os.replace = real  # type: ignore[assignment]
+    assert [n.startswith(st._temp_prefix(r)) for n in seen[:2]] == [True, True], seen
+    assert seen[2].startswith(".tmp-") and not seen[2].startswith(".tmpc-"), seen
+    assert [a.key for a in st.attachments()] == [r.key]
+
+
 @pytest.mark.parametrize(
     ("current", "readdressed", "missing"),
     [

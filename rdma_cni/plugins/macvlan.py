@@ -97,9 +97,12 @@ class MacvlanPlugin:
             host = netlink_in(None)
             pod = netlink_in(ns)
             try:
+                # Before the node lock (every other ADD of the node waits for it): the config's
+                # bonds are looked up and checked once, here.
+                known = _configured_masters(host, cfg.masters) if cfg.masters else {}
                 with state.locked():
                     fp.hit("locked")
-                    rec, ctx = self._write_ahead(req, cfg, state, fp, host, pod, ns)
+                    rec, ctx = self._write_ahead(req, cfg, state, fp, host, pod, ns, known)
                 return self._transact(req, cfg, state, rec, ctx)
             finally:
                 pod.close()
@@ -107,7 +110,7 @@ class MacvlanPlugin:
 
     def _write_ahead(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, fp: tx.Failpoints, host: Any, pod: Any,
-        ns: Any,
+        ns: Any, known: dict[str, links.Link],
     ) -> tuple[AttachmentRecord, tx.AddContext]:
         """Under the node lock: pick and pin the bonds, record how to give them back (write-ahead).
         The rest of the plan (routes, rules, the pod's tables, the link group) is read after the lock
@@ -124,7 +127,7 @@ class MacvlanPlugin:
                 raise
         self._reclaim_dead(req, cfg, state, host)
         seen: dict[str, tuple[links.Link, list[dict[str, Any]]]] = {}
-        bonds = self._pick_bonds(req, cfg, state, host, seen)
+        bonds = self._pick_bonds(req, cfg, state, host, seen, known)
         rec = AttachmentRecord(
             container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=ns.inode,
             cni_version=req.cni_version, network=req.name, ipam=cfg.ipam,
@@ -134,14 +137,15 @@ class MacvlanPlugin:
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
             state.clear_skipped(bond)  # handed out again with what it holds now: the old skip is history
         macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
-        macvlan_rdma.refresh_host_record(cfg, host)  # while the host still holds the IPs: host.json
-        ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: _put_locked(state, rec),
+        ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: state.put(rec),
                             mode=cfg.mode, mac=_requested_mac(req))
         ctx.rdma_step = lambda b, i: macvlan_rdma.attach(cfg, rec, b, ns, _ipam_ipv4(ctx, i), ctx.save)
         state.put(rec, sync=False)  # pins the bonds; a crash from here is repaired by DEL/GC
         return rec, ctx
 
-    def _plan_outside_lock(self, state: NodeState, rec: AttachmentRecord, ctx: tx.AddContext) -> None:
+    def _plan_outside_lock(
+        self, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, ctx: tx.AddContext
+    ) -> None:
         """The write-ahead plan that needs no node lock: our pins keep every other ADD off these bonds
         (their routes and rules change only by us now), and the pod is this attachment's. Recorded
         before the host is touched; a crash before this record only leaves pins and the addresses,
@@ -149,8 +153,9 @@ class MacvlanPlugin:
         tx.snapshot_routing(ctx.host, rec)
         tx.plan_pod_routing(ctx.pod, rec)  # which table: decided before the pod is touched, recorded
         rec.link_group = tx.pick_link_group(rec, links.all_links(ctx.pod))
-        with state.locked():
-            state.put(rec, sync=False)  # synced next, outside the lock
+        state.put(rec, sync=False)  # our claim is enough for this write (state module doc); synced next
+        # While the host still holds our bonds' IPs (nobody else touches pinned bonds): host.json.
+        macvlan_rdma.refresh_host_record(cfg, ctx.host)
 
     def _transact(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, rec: AttachmentRecord, ctx: tx.AddContext
@@ -161,7 +166,7 @@ class MacvlanPlugin:
         step = ["write-ahead"]
         current = rec.bonds[0].bond
         try:
-            self._plan_outside_lock(state, rec, ctx)
+            self._plan_outside_lock(cfg, state, rec, ctx)
             # On disk before the host is touched; outside the node lock, so that concurrent ADDs
             # do not queue behind each other's disk flush (our pins are visible already).
             state.sync(rec)
@@ -175,10 +180,9 @@ class MacvlanPlugin:
                 current = b.bond
                 tx.add_bond(ctx, b, i, step)
             rec.phase = PHASE_ADDED
-            with state.locked():
-                state.commit(rec)
-                fp.hit("committed")
-                macvlan_rdma.refresh_host_record(cfg, host)
+            state.commit(rec)  # under our claim alone, like every write of the record after the first
+            fp.hit("committed")
+            macvlan_rdma.refresh_host_record(cfg, host)
         except BaseException as exc:
             self._rollback(req, cfg, state, rec, host)
             if isinstance(exc, CniError):
@@ -194,11 +198,11 @@ class MacvlanPlugin:
 
     def _pick_bonds(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any,
-        seen: dict[str, tuple[links.Link, list[dict[str, Any]]]],
+        seen: dict[str, tuple[links.Link, list[dict[str, Any]]]], known: dict[str, links.Link],
     ) -> list[str]:
-        """``seen`` collects what was read of each usable bond, so planning need not ask again."""
+        """``seen`` collects what was read of each usable bond, so planning need not ask again;
+        ``known``: the configured masters, looked up before the lock."""
         masters = self._masters(cfg)
-        known = _configured_masters(host, cfg.masters) if cfg.masters else {}
 
         def usable(name: str) -> str:
             link = known[name] if name in known else links.get_link(host, name)
@@ -528,12 +532,6 @@ def _configured_masters(host: Any, masters: list[str]) -> dict[str, links.Link]:
         assert link is not None
         found[name] = link
     return found
-
-
-def _put_locked(state: NodeState, rec: AttachmentRecord) -> None:
-    """A record write during the transaction: the node lock only for the write itself."""
-    with state.locked():
-        state.put(rec)
 
 
 def _ipam_ipv4(ctx: tx.AddContext, i: int) -> str | None:

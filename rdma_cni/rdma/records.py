@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import logging
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 HOST_RECORD = "host.json"
+HOST_LOCK = "host.lock"  # serialises the read-modify-write of host.json (callers hold no node lock)
 
 
 def gid_dir(run_dir: str) -> str:
@@ -213,14 +215,21 @@ def update_host_record(
     The record follows what the bonds hold now: after a re-addressed bond kept its new address,
     its index is the new address's.
     """
-    previous = _previous_ports(run_dir)
-    ports = []
-    for port in sysfs.list_ports(sysfs_root):
-        gids = sysfs.read_gids(sysfs_root, port.device, port.port)
-        mine = None if host_ipv4 is None else set(host_ipv4.get(port.netdev or "", ()))
-        mine6 = None if host_ipv6 is None else list(host_ipv6.get(port.netdev or "", ()))
-        ports.append(_host_port(port, gids, previous.get((port.device, port.port)), mine, mine6))
-    record: dict[str, Any] = {"version": 1, "ports": ports}
     _ensure_dirs(run_dir, gid_dir(run_dir))
-    durable.atomic_write_json(os.path.join(gid_dir(run_dir), HOST_RECORD), record, FILE_MODE, DIR_MODE)
+    fd = os.open(os.path.join(gid_dir(run_dir), HOST_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        # Its own lock, not the node's: concurrent ADDs refresh it outside the node lock, and each
+        # keeps the last index of IPs the others moved (a lost update would drop one).
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        previous = _previous_ports(run_dir)
+        ports = []
+        for port in sysfs.list_ports(sysfs_root):
+            gids = sysfs.read_gids(sysfs_root, port.device, port.port)
+            mine = None if host_ipv4 is None else set(host_ipv4.get(port.netdev or "", ()))
+            mine6 = None if host_ipv6 is None else list(host_ipv6.get(port.netdev or "", ()))
+            ports.append(_host_port(port, gids, previous.get((port.device, port.port)), mine, mine6))
+        record: dict[str, Any] = {"version": 1, "ports": ports}
+        durable.atomic_write_json(os.path.join(gid_dir(run_dir), HOST_RECORD), record, FILE_MODE, DIR_MODE)
+    finally:
+        os.close(fd)
     return record
