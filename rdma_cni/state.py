@@ -13,9 +13,9 @@ a record from which DEL or GC restores the node. A bond listed in a record is *p
 attachment: pins are derived from the records, never stored twice, so they cannot disagree.
 
 Two locks, always taken in this order: an attachment's *claim*, then the node *lock*. ADD holds
-its claim for the whole call but the node lock only while it picks bonds and writes the write-ahead
-record (and for each later record write); the pins in that record keep other ADDs off its bonds,
-so the kernel work runs concurrently. Whoever tears down *another* attachment's record (GC, an
+its claim for the whole call but the node lock only while it picks bonds and writes the first
+write-ahead record; the pins in that record keep other ADDs off its bonds, so the rest (routing
+plan, kernel work, commit) runs concurrently. Whoever tears down *another* attachment's record (GC, an
 ADD reclaiming a dead netns's bonds) holds the node lock and only *tries* that claim: a busy claim
 is an ADD or DEL in flight, skipped, never waited for (no lock-order inversion). Claims hash the
 attachment into 256 never-deleted lock files (no unlink race; a collision only serialises two
