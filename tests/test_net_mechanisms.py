@@ -129,11 +129,24 @@ def test_kernel_gratuitous_arp_at_link_up_moves_the_peer_neighbour_to_the_new_ma
     ipr = netlink_in(ns)
     host, bond = _ns_ipr(n)
     links.create_macvlan(host, bond, ns.fd, "mvtest0", "bridge")
-    index = links.configure_link(ipr, "mvtest0", "net9", 1500, addrgen_off=True).index
+    link, armed = links.configure_link(ipr, "mvtest0", "net9", 1500, addrgen_off=True, arp_notify=True)
+    index = link.index
+    assert armed  # through IFLA_INET_CONF, in the rename's own request
     rtnl.create(ipr, "addr", addresses.address_record(index, "198.51.100.2", 28))
-    arm_arp_notify(ns, "net9")
     pod_sysctl = sh("ip", "netns", "exec", pod.name, "sysctl", "-n", "net.ipv4.conf.net9.arp_notify")
     assert pod_sysctl.stdout.strip() == "1"
+    # The sysctl path (the fallback for a kernel that refuses it by netlink) sets the same knob.
+    links.create_macvlan(host, bond, ns.fd, "mvtest1", "bridge")
+    other, armed_other = links.configure_link(ipr, "mvtest1", "net8", 1500, addrgen_off=True)
+    assert not armed_other
+
+    def net8_arp_notify() -> str:
+        knob = "net.ipv4.conf.net8.arp_notify"
+        return sh("ip", "netns", "exec", pod.name, "sysctl", "-n", knob).stdout.strip()
+
+    assert other.name == "net8" and net8_arp_notify() == "0"
+    arm_arp_notify(ns, "net8")
+    assert net8_arp_notify() == "1"
     node_sysctl = sh("ip", "netns", "exec", n.name, "sysctl", "-n", "net.ipv4.conf.all.arp_notify")
     assert node_sysctl.stdout.strip() == "0"  # only the pod's interface, in the pod's netns
     mac = links.get_link(ipr, "net9").mac  # type: ignore[union-attr]

@@ -30,6 +30,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import Iterable
 
 from rdma_cni.net import rtnl
 from rdma_cni.net.nlsock import RtnlSocket
@@ -107,8 +108,23 @@ def _with_lifetimes(full: Record, rec: Record, now: float) -> Record:
 
 def snapshot(ipr: RtnlSocket, index: int) -> list[Record]:
     """The link's movable addresses, in add order (see module doc)."""
+    return _in_add_order(ipr.addr_dump(index=index))
+
+
+def snapshots(ipr: RtnlSocket, indexes: Iterable[int]) -> dict[int, list[Record]]:
+    """:func:`snapshot` of several links from one dump (an 8-bond ADD dumped the node's addresses
+    once per bond)."""
+    wanted = set(indexes)
+    by_link: dict[int, list[Record]] = {index: [] for index in wanted}
+    for full in ipr.addr_dump():
+        if full["index"] in wanted:
+            by_link[full["index"]].append(full)
+    return {index: _in_add_order(fulls) for index, fulls in by_link.items()}
+
+
+def _in_add_order(fulls: list[Record]) -> list[Record]:
     now = time.time()
-    recs = [_with_lifetimes(m, rtnl.record("addr", m), now) for m in ipr.addr_dump(index=index)]
+    recs = [_with_lifetimes(m, rtnl.record("addr", m), now) for m in fulls]
     recs = [r for r in recs if _movable(r)]
     v4 = [r for r in recs if r["family"] == socket.AF_INET]
     v6 = [r for r in recs if r["family"] == socket.AF_INET6]

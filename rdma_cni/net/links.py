@@ -6,7 +6,7 @@ in the node netns under a name that could clash, and ~10x cheaper than add-then-
 
     host = netlink_in(None); pod = netlink_in(ns)   # RtnlSocket (rdma_cni.net.nlsock)
     create_macvlan(host, bond.index, ns.fd, "mvtmp1a2b", "bridge")
-    link = configure_link(pod, "mvtmp1a2b", "bond0", mtu=1500, addrgen_off=True)
+    link, armed = configure_link(pod, "mvtmp1a2b", "bond0", mtu=1500, addrgen_off=True, arp_notify=True)
     set_up(pod, link.index)
 
 Link groups (IFLA_GROUP): the links of one attachment are made in a group of their own, so that one
@@ -20,7 +20,14 @@ import errno
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
-from rdma_cni.net.nlsock import IFF_LOOPBACK, IFF_UP, MACVLAN_MODE, LinkInfo, RtnlSocket
+from rdma_cni.net.nlsock import (
+    IFF_LOOPBACK,
+    IFF_UP,
+    IPV4_DEVCONF_ARP_NOTIFY,
+    MACVLAN_MODE,
+    LinkInfo,
+    RtnlSocket,
+)
 from rdma_cni.net.rtnl import error_code
 
 ADDR_GEN_MODE_NONE = 1
@@ -81,26 +88,35 @@ def create_macvlan(
     host.macvlan_add(name, parent_index, netns_fd, mode, mac, group)
 
 
-def configure_link(pod: RtnlSocket, temp_name: str, name: str, mtu: int, addrgen_off: bool) -> Link:
-    """Rename, set MTU and (optionally) stop IPv6 address generation, in one request; the link
-    stays down. Returns the link as it is now (its MAC is final: nothing here changes it).
+def configure_link(
+    pod: RtnlSocket, temp_name: str, name: str, mtu: int, addrgen_off: bool, arp_notify: bool = False
+) -> tuple[Link, bool]:
+    """Rename, set MTU, (optionally) stop IPv6 address generation and arm ``arp_notify``, in one
+    request; the link stays down. Returns the link as it is now (its MAC is final: nothing here
+    changes it) and whether ``arp_notify`` was set (else the caller sets it by sysctl).
 
     ``addrgen_off`` (always, also when IPv6 moves): a kernel-made link-local would become a RoCE GID
     and could take the slot the pod's IPv4 GID must land in (lab/vm FINDINGS, V6 vs V7).
+    ``arp_notify``: the kernel's gratuitous ARP at link-up (:mod:`rdma_cni.net.announce`), set
+    here through ``IFLA_INET_CONF`` rather than by a sysctl write from inside the pod netns.
     """
     link = get_link(pod, temp_name)
     if link is None:
         raise OSError(errno.ENODEV, f"macvlan {temp_name} vanished from the pod netns")
-    if addrgen_off:
+    # Each family's part may be refused (IPv6 disabled in the pod's kernel: then there is no
+    # link-local to worry about; no IPv4 on the link: no ARP either): ask again without it.
+    attempts = list(dict.fromkeys(
+        [(addrgen_off, arp_notify), (False, arp_notify), (addrgen_off, False), (False, False)]
+    ))
+    for i, (addrgen, arp) in enumerate(attempts):
         try:
-            pod.link_set(link.index, name=name, mtu=mtu, addrgen_mode=ADDR_GEN_MODE_NONE)
-            return replace(link, name=name, mtu=mtu)
+            pod.link_set(link.index, name=name, mtu=mtu, addrgen_mode=ADDR_GEN_MODE_NONE if addrgen else None,
+                         ipv4_conf={IPV4_DEVCONF_ARP_NOTIFY: 1} if arp else None)
+            return replace(link, name=name, mtu=mtu), arp
         except OSError as exc:
-            # IPv6 disabled in the pod's kernel: then there is no link-local to worry about.
-            if error_code(exc) not in (errno.EAFNOSUPPORT, errno.EOPNOTSUPP):
+            if i == len(attempts) - 1 or error_code(exc) not in (errno.EAFNOSUPPORT, errno.EOPNOTSUPP):
                 raise
-    pod.link_set(link.index, name=name, mtu=mtu)
-    return replace(link, name=name, mtu=mtu)
+    raise AssertionError("unreachable: the last attempt raises or returns")
 
 
 def set_up(ipr: RtnlSocket, index: int) -> None:

@@ -63,6 +63,8 @@ IFLA_INFO_KIND = 1
 IFLA_INFO_DATA = 2
 IFLA_MACVLAN_MODE = 1
 IFLA_INET6_ADDR_GEN_MODE = 8
+IFLA_INET_CONF = 1
+IPV4_DEVCONF_ARP_NOTIFY = 22
 IFF_UP = 0x1
 IFF_LOOPBACK = 0x8
 MACVLAN_MODE = {"private": 1, "vepa": 2, "bridge": 4, "passthru": 8}
@@ -72,6 +74,7 @@ _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _NLA = struct.Struct("=HH")
 _U32 = struct.Struct("=I")
+_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: socket's is an IntFlag, whose & runs Python code
 DUMP_ATTEMPTS = 5
 _RECV_BUFFER = 65536  # the kernel never puts more than 32 KiB into one dump datagram
 
@@ -218,7 +221,7 @@ class RtnlSocket:
         replies: list[bytes] = []
         while True:
             chunk, _, msg_flags, _ = self._sock.recvmsg(_RECV_BUFFER)
-            if msg_flags & socket.MSG_TRUNC:
+            if msg_flags & _MSG_TRUNC:
                 raise NetlinkError(errnos.EMSGSIZE, "a netlink answer did not fit the receive buffer")
             offset = 0
             while offset + _NLMSGHDR.size <= len(chunk):
@@ -276,9 +279,10 @@ class RtnlSocket:
 
     def link_set(
         self, index: int, name: str = "", mtu: int = 0, up: bool | None = None,
-        addrgen_mode: int | None = None,
+        addrgen_mode: int | None = None, ipv4_conf: dict[int, int] | None = None,
     ) -> None:
-        """Change what is given, in one request (the kernel applies it all or fails)."""
+        """Change what is given, in one request (the kernel applies it all or fails).
+        ``ipv4_conf``: IPV4_DEVCONF_* index -> value (what /proc/sys/net/ipv4/conf/<if>/ shows)."""
         flags = IFF_UP if up else 0
         change = IFF_UP if up is not None else 0
         attrs = []
@@ -286,9 +290,14 @@ class RtnlSocket:
             attrs.append(nla(IFLA_IFNAME, name.encode() + b"\0"))
         if mtu:
             attrs.append(nla(IFLA_MTU, _U32.pack(mtu)))
+        per_family = []
+        if ipv4_conf:
+            conf = b"".join(nla(key, _U32.pack(value)) for key, value in sorted(ipv4_conf.items()))
+            per_family.append(nested(socket.AF_INET, nested(IFLA_INET_CONF, conf)))
         if addrgen_mode is not None:
-            inet6 = nested(socket.AF_INET6, nla(IFLA_INET6_ADDR_GEN_MODE, bytes([addrgen_mode])))
-            attrs.append(nested(IFLA_AF_SPEC, inet6))
+            per_family.append(nested(socket.AF_INET6, nla(IFLA_INET6_ADDR_GEN_MODE, bytes([addrgen_mode]))))
+        if per_family:
+            attrs.append(nested(IFLA_AF_SPEC, *per_family))
         self.request(RTM_SETLINK, _IFINFOMSG.pack(0, 0, index, flags, change) + b"".join(attrs))
 
     def link_del(self, index: int) -> None:

@@ -49,6 +49,7 @@ from rdma_cni.plugins.macvlan_config import (
     parse_status_config,
 )
 from rdma_cni.plugins.macvlan_select import choose_bonds, describe_pins
+from rdma_cni.rdma import sysfs
 from rdma_cni.rdma.mode import require_mode
 from rdma_cni.state import (
     PHASE_ADDED,
@@ -203,21 +204,32 @@ class MacvlanPlugin:
         """``seen`` collects what was read of each usable bond, so planning need not ask again;
         ``known``: the configured masters, looked up before the lock."""
         masters = self._masters(cfg)
+        held: dict[int, list[dict[str, Any]]] = {}  # the configured bonds' addresses: one dump for all
+
+        def addresses_of(link: links.Link) -> list[dict[str, Any]]:
+            if not held:
+                held.update(addresses.snapshots(host, {m.index for m in known.values()} | {link.index}))
+            return held[link.index] if link.index in held else addresses.snapshot(host, link.index)
 
         def usable(name: str) -> str:
             link = known[name] if name in known else links.get_link(host, name)
             if link is None:
                 return "no such netdev on this node"
-            addrs = addresses.snapshot(host, link.index) if cfg.ipam is None else []
+            addrs = addresses_of(link) if cfg.ipam is None else []
             if cfg.ipam is None and not addrs:
                 return "it holds no IP address to move (and no pod holds it): give it back its address"
             seen[name] = (link, addrs)
             return ""
 
         root = cfg.sysfs_root
-        return choose_bonds(
-            req, masters, cfg.count, state.pins(), usable, lambda m: macvlan_rdma.device_of(root, m), root
-        )
+        ports: dict[str, list[sysfs.RdmaPort]] = {}  # read once, when a bond's device is first asked
+
+        def device_of(master: str) -> str | None:
+            if "all" not in ports:
+                ports["all"] = sysfs.list_ports(root)
+            return macvlan_rdma.device_of(root, master, ports["all"])
+
+        return choose_bonds(req, masters, cfg.count, state.pins(), usable, device_of, root)
 
     def _masters(self, cfg: MacvlanConfig | StatusConfig) -> list[str]:
         if cfg.masters:

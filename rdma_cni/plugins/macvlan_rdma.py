@@ -38,8 +38,8 @@ def default_masters(sysfs_root: str, ports: list[sysfs.RdmaPort] | None = None) 
     return out
 
 
-def device_of(sysfs_root: str, netdev: str) -> str | None:
-    port = sysfs.port_for_netdev(sysfs_root, netdev)
+def device_of(sysfs_root: str, netdev: str, ports: list[sysfs.RdmaPort] | None = None) -> str | None:
+    port = sysfs.port_for_netdev(sysfs_root, netdev, ports)
     return port.device if port else None
 
 
@@ -61,8 +61,9 @@ def _first_ipv6(b: BondRecord) -> str | None:
 def plan(cfg: MacvlanConfig, bonds: list[BondRecord]) -> None:
     """Fill ``b.rdma`` for every bond that has an RDMA device (or fail when one is required)."""
     checked = False
+    ports = sysfs.list_ports(cfg.sysfs_root)  # once for all the bonds
     for b in bonds:
-        port = sysfs.port_for_netdev(cfg.sysfs_root, b.bond)
+        port = sysfs.port_for_netdev(cfg.sysfs_root, b.bond, ports)
         if port is None:
             if cfg.rdma.required:
                 raise CniError(

@@ -115,9 +115,18 @@ def snapshot_bond(
 
 def snapshot_routing(host: Any, rec: AttachmentRecord) -> None:
     """Each moving bond's routes and rules (through it, or naming its addresses), as the kernel
-    reports them: what DEL replays after the kernel flushed them with the addresses."""
+    reports them: what DEL replays after the kernel flushed them with the addresses. One dump of
+    each table for all the bonds."""
+    moving = [b for b in rec.bonds if b.moves_addresses]
     for b in rec.bonds:
-        _snapshot_routing(host, b)
+        b.routes, b.rules = [], []
+    if not moving:
+        return
+    ips = [{addresses.ip_of(a) for a in b.addresses} for b in moving]
+    found = routes.snapshot_routes_of(host, [(b.bond_index, i) for b, i in zip(moving, ips, strict=True)])
+    rules = routes.snapshot_rules_of(host, [(b.bond, i) for b, i in zip(moving, ips, strict=True)])
+    for b, r, u in zip(moving, found, rules, strict=True):
+        b.routes, b.rules = r, u
 
 
 def _snapshot_routing(host: Any, b: BondRecord) -> None:
@@ -150,7 +159,8 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
     step[0] = "configure pod interface"
     # No kernel-made link-local in the pod, also when IPv6 moves: it would take a RoCE GID slot (the
     # moved global IPv6 addresses are enough for neighbour discovery and the pod's traffic).
-    pod_link = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=True)
+    pod_link, armed = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=True,
+                                           arp_notify=True)
     index = pod_link.index
     ctx.fp.hit("link-configured")
     step[0] = "remove addresses from the bond"
@@ -162,8 +172,9 @@ def add_bond(ctx: AddContext, b: BondRecord, i: int, step: list[str]) -> None:
         _add_plain_ip(ctx.pod, index, ip, plen)
     ctx.fp.hit("addresses-added")
     step[0] = "bring the pod interface up"
-    try:  # the kernel's gratuitous ARP at link-up is the IPv4 announcement
-        arm_arp_notify(ctx.ns, b.pod_ifname)
+    try:  # the kernel's gratuitous ARP at link-up is the IPv4 announcement (armed by configure_link)
+        if not armed:
+            arm_arp_notify(ctx.ns, b.pod_ifname)
     except OSError as exc:  # a lost announcement only delays peers' caches; not worth failing the pod
         log.warning("arp_notify on %s: %s; peers learn the new MAC as caches expire", b.pod_ifname, exc)
     links.set_up(ctx.pod, index)

@@ -264,9 +264,12 @@ def _device_via_netdev_links(sysfs_root: str, netdev: str) -> str | None:
     return None
 
 
-def port_for_netdev(sysfs_root: str, netdev: str) -> RdmaPort | None:
-    """The RDMA port that runs over ``netdev`` (a bond), or None when the netdev has no RDMA device."""
-    ports = list_ports(sysfs_root)
+def port_for_netdev(sysfs_root: str, netdev: str, ports: list[RdmaPort] | None = None) -> RdmaPort | None:
+    """The RDMA port that runs over ``netdev`` (a bond), or None when the netdev has no RDMA device.
+    ``ports``: :func:`list_ports` as just read, for a caller asking about several netdevs (it reads
+    every device's ports: 8 bonds asked one by one read them 8 times)."""
+    if ports is None:
+        ports = list_ports(sysfs_root)
     for p in ports:
         if p.netdev == netdev:
             return p
