@@ -364,37 +364,68 @@ def wait_for_children(pid: int, count: int, timeout: float = 20.0) -> set[int]:
     return found
 
 
-def test_refill_waits_for_the_running_call_but_one_idle_worker_is_always_ready(
-    agent: RunningAgent, tmp_path: Path
+def test_while_calls_run_no_spare_is_forked_and_a_call_finding_all_busy_waits_then_gets_one(
+    tmp_path: Path,
 ) -> None:
-    """While a call runs the agent keeps one idle worker, not PREFORK (the refill's fork and
-    prefault would compete with the call for the CPUs); a second call still finds one at once,
-    and once the calls are done the idle workers are PREFORK again."""
-    idle = wait_for_children(agent.pid, 2)
-    started1, started2 = tmp_path / "started1.json", tmp_path / "started2.json"
-    slow1 = probe_conf(sleep=3, startedFile=str(started1))
-    first, box1 = forward_in_thread(agent.sock, cni_env("ADD"), slow1)
-    busy1 = int(str(read_json(started1)["pid"]))
-    assert busy1 in idle
-    # The parent has seen the call when its worker's event is read; from then on it must not fork
-    # a second spare. Watch for a while: the old refill forked within milliseconds.
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
-        assert len(live_children(agent.pid)) == 2, "a second idle worker was forked during the call"
-        time.sleep(0.01)
-    slow2 = probe_conf(sleep=2, startedFile=str(started2))
-    second, box2 = forward_in_thread(agent.sock, cni_env("DEL"), slow2)
-    busy2 = int(str(read_json(started2)["pid"]))
-    assert busy2 in idle and busy2 != busy1
-    # The last idle worker was taken: one is forked at once although both calls still run.
-    spare = wait_for_children(agent.pid, 3) - {busy1, busy2}
-    assert len(spare) == 1
-    answer = client.forward("probe", cni_env("CHECK"), probe_conf(), path=agent.sock)
-    assert answer is not None and answer.code == 0
-    first.join(30)
-    second.join(30)
-    assert [type(box1[0]), type(box2[0])] == [client.Answer, client.Answer]
-    wait_for_children(agent.pid, 2)
+    """While calls run the agent forks no spare (its fork and a fresh worker's faults would take the
+    CPUs the running calls need): a call that finds every worker busy waits --queue-wait for one to
+    come back, then one more worker is forked for it; after the calls, PREFORK idle again."""
+    running = start_agent(tmp_path, "--queue-wait", "1.5", "--trim-after", "0.5")
+    try:
+        idle = wait_for_children(running.pid, 2)
+        started1, started2 = tmp_path / "started1.json", tmp_path / "started2.json"
+        slow1 = probe_conf(sleep=6, startedFile=str(started1))
+        slow2 = probe_conf(sleep=6, startedFile=str(started2))
+        first, box1 = forward_in_thread(running.sock, cni_env("ADD"), slow1)
+        busy1 = int(str(read_json(started1)["pid"]))
+        second, box2 = forward_in_thread(running.sock, cni_env("DEL"), slow2)
+        busy2 = int(str(read_json(started2)["pid"]))
+        assert {busy1, busy2} == idle
+        deadline = time.monotonic() + 1.0  # the old refill forked a spare within milliseconds
+        while time.monotonic() < deadline:
+            assert live_children(running.pid) == idle, "a spare worker was forked while calls ran"
+            time.sleep(0.01)
+        marker = tmp_path / "third.json"
+        t0 = time.monotonic()
+        answer = client.forward("probe", cni_env("CHECK"), probe_conf(probeFile=str(marker)), 30,
+                                running.sock)
+        waited = time.monotonic() - t0
+        assert answer is not None and answer.code == 0
+        assert int(str(read_json(marker)["pid"])) not in idle  # a fresh worker, forked for it
+        assert waited >= 1.4, f"served after {waited:.2f} s: it did not wait for a busy worker"
+        assert "a call waited" in running.log.read_text()
+        first.join(30)
+        second.join(30)
+        assert [type(box1[0]), type(box2[0])] == [client.Answer, client.Answer]
+        wait_for_children(running.pid, 2, timeout=20)
+    finally:
+        stop(running.proc)
+
+
+def test_a_call_waiting_while_a_worker_waits_on_a_plugin_it_ran_gets_a_worker_at_once(
+    tmp_path: Path,
+) -> None:
+    """A busy worker waiting on a child process (a delegate it ran, which may itself be the call
+    waiting in the agent's backlog) must not make that call wait --queue-wait: one more worker at
+    once, or multus -> rdma-macvlan through the agent would queue behind itself."""
+    running = start_agent(tmp_path, "--prefork", "1", "--queue-wait", "20")
+    try:
+        wait_for_children(running.pid, 1)
+        started = tmp_path / "started.json"
+        nested, box = forward_in_thread(
+            running.sock, cni_env("ADD"), probe_conf(childSleep=8, startedFile=str(started))
+        )
+        read_json(started)
+        time.sleep(0.3)  # its child runs now
+        t0 = time.monotonic()
+        answer = client.forward("probe", cni_env("CHECK"), probe_conf(), 30, running.sock)
+        assert answer is not None and answer.code == 0
+        assert time.monotonic() - t0 < 10, "the call waited for the worker that waits on its child"
+        assert "waits on a plugin it ran" in running.log.read_text()
+        nested.join(30)
+        assert type(box[0]) is client.Answer
+    finally:
+        stop(running.proc)
 
 
 def test_client_that_gives_up_before_go_never_has_the_call_run(agent: RunningAgent, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ namespace inodes, an environment variable, the whole environment, cwd, schedulin
 file named by its
 config's ``probeFile``, writes a line on stderr, and can sleep during ADD/DEL (``sleep`` seconds,
 after writing ``startedFile``) so a test can kill the process running it mid-call. ``leakFd`` and
-``leaveThread`` (seconds) make it leave a descriptor or a running thread behind.
+``leaveThread`` (seconds) make it leave a descriptor or a running thread behind. ``childSleep``
+(seconds) runs ``sleep`` as a child process and waits for it, as a plugin waits for a delegate.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ class Probe:
             with open(started, "w") as f:
                 json.dump(where_am_i(), f)
         time.sleep(float(req.config.get("sleep", 0)))
+        if req.config.get("childSleep"):
+            import subprocess
+
+            subprocess.run(["sleep", str(float(req.config["childSleep"]))], check=True)
         out = req.config.get("probeFile")
         if out:
             with open(out, "w") as f:

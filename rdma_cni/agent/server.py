@@ -4,13 +4,14 @@ The parent stays single-threaded and holds no sockets but the listening one, so 
 imported modules; ``gc.freeze()`` after the warm-up keeps those pages shared between workers. Up to
 ``warm_workers`` idle workers take their own copy of the shared pages that calls write (learned from
 the workers: ``prefault.HotPages``) while they wait, so their first call does not pay those
-copy-on-write faults; the rest of the ``prefork`` idle workers stay shallow (they share every page),
-so a burst waits for no fork without each idle worker costing that memory. After a call a worker goes
-back to waiting, its pages already its own, for up to ``calls_per_worker`` calls: each call still
-starts in the agent's namespaces with nothing left of the one before
-(``worker.unfit_for_another_call``), else the worker exits and a fresh fork replaces it. Idle
-workers beyond ``prefork`` (after a burst) are sent SIGTERM, which an idle worker obeys at once and
-a busy one after its call.
+copy-on-write faults; idle workers beyond that stay shallow (they share every page). After a call a
+worker goes back to waiting, its pages already its own, for up to ``calls_per_worker`` calls: each
+call still starts in the agent's namespaces with nothing left of the one before
+(``worker.unfit_for_another_call``), else the worker exits and a fresh fork replaces it. A call that
+finds every worker busy waits for one to come back (``queue_wait``) rather than for a fork; one more
+worker is forked once it waited that long, or at once when a busy worker waits on a plugin it ran
+(its delegate may be the waiting call). Idle workers beyond ``prefork`` (after a burst) are sent
+SIGTERM, which an idle worker obeys at once and a busy one after its call.
 """
 
 from __future__ import annotations
@@ -36,15 +37,16 @@ from rdma_cni.agent.plugins import Registry
 log = logging.getLogger("rdma-agent")
 
 MAX_WORKERS = 32  # beyond this a call is refused and runs in-process: the node is overloaded anyway
-# Idle workers kept ready when no call runs (top_up): a burst of pod starts (8 at once on an 8-GPU
-# node) then finds a worker for every call without waiting for the agent to fork one. Most of them
-# are shallow (they share every page with the agent: ~1.6 MiB of their own each); only WARM_WORKERS
-# hold the pages calls write (prefaulted, or kept from a call: ~8 MiB each), which bounds memory.
-PREFORK = 8
-WARM_WORKERS = 2
+# Idle workers kept ready when no call runs (top_up), every one of them warm: each holds the pages
+# calls write (prefaulted, or kept from a call: ~6 MiB of its own), so none of them pays the
+# copy-on-write faults on the call path. A burst larger than that (8 pods at once on an 8-GPU node)
+# queues for them (QUEUE_WAIT) instead of taking fresh, fault-paying forks: on a node's few CPUs
+# four warm workers clear 8 calls sooner than 8 workers of which most must fault first.
+PREFORK = 4
+WARM_WORKERS = 4
 # A worker serves up to this many calls before it exits: each call after its first skips the fork
-# and the copy-on-write faults (measured: ADD -x ms), and the bound keeps whatever a call leaves in
-# Python's heap from accumulating.
+# and the copy-on-write faults (~850 faults, 5-8 ms of CPU on an ADD), and the bound keeps whatever
+# a call leaves in Python's heap from accumulating.
 CALLS_PER_WORKER = 64
 # Idle workers beyond PREFORK leave only after this long without a call: pods often start in
 # bursts, and a worker kept from the last burst serves the next one without a fork or its
@@ -59,6 +61,15 @@ PREFAULT_BUSY_LIMIT = 6
 # the copying would only take CPU from the calls it is meant to speed up. For the same reason it
 # copies under SCHED_IDLE: only on a CPU nothing else wants (prefault_when_idle).
 PREFAULT_DELAY = 0.005
+# A call that finds every worker busy waits in the listen backlog for one of them to come back, for
+# up to this long: a worker more would add its fork and ~850 copy-on-write faults (~8 ms of CPU, as
+# much as a call) to the work the same few CPUs must do, and a warm worker serves the waiting call
+# in less. 8 concurrent single-bond ADDs on 2 CPUs (scripts/bench, 7 bursts, against Go's wall
+# time): 8 idle workers of which 2 warm 1.19x; 4 warm workers and this wait 0.88x, at 56 MiB PSS
+# idle against 49. A busy worker that waits on a child (a delegate or IPAM plugin it ran, which may
+# be a call waiting here) gets no wait: one more worker is forked at once (no deadlock, no delay).
+QUEUE_WAIT = 0.025
+QUEUE_POLL = 0.002  # how often a waiting call's case is looked at again
 METRICS_RESPAWN = 1.0  # seconds between two starts of the metrics process (one that keeps dying)
 WARM_MODULES = (
     "rdma_cni.cni.dispatch",
@@ -88,6 +99,9 @@ class AgentConfig:
     prefault: bool = True  # idle workers take their copy-on-write faults before a call (prefault.py)
     calls_per_worker: int = CALLS_PER_WORKER  # 1: a fresh fork for every call
     trim_after: float = TRIM_AFTER  # seconds a surplus idle worker is kept
+    # Seconds a call may wait for a busy worker (QUEUE_WAIT); 0: never waits, one idle worker is
+    # kept spare while calls run instead.
+    queue_wait: float = QUEUE_WAIT
     targets: dict[str, str] | None = None
 
 
@@ -117,6 +131,7 @@ class Agent:
     _lock_fd: int = -1
     _inode: int | None = None
     _stop: bool = False
+    _queued_since: float | None = None  # monotonic time a call was first seen waiting for a worker
 
     def __post_init__(self) -> None:
         self.registry = Registry(self.config.targets)
@@ -220,7 +235,7 @@ class Agent:
                     next_reconcile = time.monotonic() + interval if interval > 0 else float("inf")
                 # With no idle worker left (all busy at the limit) the parent answers REFUSE itself,
                 # so callers fall back at once instead of waiting in the backlog.
-                want_listen = not self.idle
+                want_listen = not self.idle and self._queued_since is None
                 if want_listen != listening:
                     if want_listen:
                         sel.register(self._listener, selectors.EVENT_READ, "listener")
@@ -228,6 +243,8 @@ class Agent:
                         sel.unregister(self._listener)
                     listening = want_listen
                 timeout = min(1.0, max(0.0, next_reconcile - time.monotonic()))
+                if self._queued_since is not None:
+                    timeout = min(timeout, QUEUE_POLL)
                 for key, _ in sel.select(timeout):
                     if key.data == "events":
                         self.read_events()
@@ -242,7 +259,8 @@ class Agent:
                         self.reap()
                         self.top_up()
                         if not self.idle:
-                            self.refuse_one()
+                            self.queue_or_refuse()
+                self.serve_queued()
         finally:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -274,15 +292,53 @@ class Agent:
         READY lagged 1.5 ms on 2 CPUs). One idle worker is kept at all times, so a concurrent call
         still never waits for a fork; the rest are forked once the running calls are reaped."""
         cfg = self.config
-        target = min(cfg.prefork, 1) if self.busy else cfg.prefork
+        if not self.busy:
+            target = cfg.prefork
+        else:  # with queue_wait, a call that finds no idle worker is queue_or_refuse's
+            target = 0 if cfg.queue_wait > 0 else min(cfg.prefork, 1)
         while len(self.idle) < target and len(self.idle) + len(self.busy) < cfg.max_workers:
             warm = (cfg.prefault and len(self.busy) < PREFAULT_BUSY_LIMIT
                     and len(self.warm_idle()) < cfg.warm_workers)
-            pid = self._fork(functools.partial(self._wait_for_call, warm), die_with_parent=True)
-            self.idle.add(pid)
-            self.idle_since[pid] = time.monotonic()
-            if warm:
-                self.prefaulted.add(pid)
+            self.fork_worker(warm)
+
+    def fork_worker(self, warm: bool) -> None:
+        pid = self._fork(functools.partial(self._wait_for_call, warm), die_with_parent=True)
+        self.idle.add(pid)
+        self.idle_since[pid] = time.monotonic()
+        if warm:
+            self.prefaulted.add(pid)
+
+    def queue_or_refuse(self) -> None:
+        """A call waits and no worker is idle: let it wait for one (serve_queued), or, without
+        queue_wait, answer REFUSE (the caller then runs the call in-process)."""
+        if self.config.queue_wait > 0 and len(self.busy) < self.config.max_workers:
+            if self._queued_since is None:
+                self._queued_since = time.monotonic()
+            return
+        self.refuse_one()
+
+    def serve_queued(self) -> None:
+        """A call waits in the backlog: done when a worker came back (it takes it) or the call is
+        gone; else one more worker when a busy one waits on a child process of its own, or once the
+        call waited ``queue_wait``."""
+        since = self._queued_since
+        if since is None:
+            return
+        assert self._listener is not None
+        if self.idle or not _readable(self._listener):
+            self._queued_since = None
+            return
+        waited = time.monotonic() - since
+        nested = any(_has_children(pid) for pid in self.busy)
+        if waited < self.config.queue_wait and not nested:
+            return
+        self._queued_since = None  # the next waiting call (if any) waits anew
+        if len(self.idle) + len(self.busy) >= self.config.max_workers:
+            self.refuse_one()
+            return
+        log.info("a call waited %.1f ms for one of %d busy workers%s: one more worker", waited * 1000,
+                 len(self.busy), " (one waits on a plugin it ran)" if nested else "")
+        self.fork_worker(warm=False)
 
     def warm_idle(self) -> set[int]:
         """Idle workers that hold (or are copying) the hot pages as their own."""
@@ -565,6 +621,16 @@ def _may_idle_and_return() -> bool:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+def _has_children(pid: int) -> bool:
+    """The worker runs a child process now (a delegate, an IPAM plugin): /proc's children list of
+    its main thread (workers are single-threaded); False when it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return bool(f.read().strip())
+    except OSError:
+        return False
 
 
 def _how(status: int) -> str:

@@ -12,7 +12,7 @@ import logging
 import sys
 
 from rdma_cni.agent import client
-from rdma_cni.agent.server import PREFORK, WARM_WORKERS, Agent, AgentConfig
+from rdma_cni.agent.server import PREFORK, QUEUE_WAIT, WARM_WORKERS, Agent, AgentConfig
 
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
@@ -45,12 +45,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-workers", type=int, default=32, help="calls served at once; more run in-process")
     ap.add_argument(
         "--prefork", type=int, default=PREFORK,
-        help="idle workers kept ready, so a burst of calls (pods starting at once) waits for no fork",
+        help="idle workers kept ready when no call runs (a burst beyond them waits for one: --queue-wait)",
     )
     ap.add_argument(
         "--warm-workers", type=int, default=WARM_WORKERS,
         help="how many idle workers may hold the pages calls write as their own (prefaulted or kept "
-        "from a call, ~8 MiB each); the other idle workers share all pages with the agent (~1.6 MiB)",
+        "from a call, ~6 MiB each); the other idle workers share all pages with the agent (~1.6 MiB)",
     )
     ap.add_argument(
         "--calls-per-worker",
@@ -64,6 +64,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=3.0,
         help="seconds idle workers beyond --prefork (left from a burst of calls) are kept for the next",
+    )
+    ap.add_argument(
+        "--queue-wait",
+        type=float,
+        default=QUEUE_WAIT,
+        help="seconds a call that finds every worker busy waits for one of them before one more worker "
+        "is forked for it (at once when a busy worker waits on a plugin it ran); 0: keep a spare idle "
+        "worker while calls run instead",
     )
     ap.add_argument(
         "--no-prefault",
@@ -191,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         prefault=args.prefault,
         calls_per_worker=max(1, args.calls_per_worker),
         trim_after=max(0.0, args.trim_after),
+        queue_wait=max(0.0, args.queue_wait),
         targets=targets,
     )
     agent = Agent(config)
