@@ -64,9 +64,9 @@ PREFAULT_DELAY = 0.005
 # A call that finds every worker busy waits in the listen backlog for one of them to come back, for
 # up to this long: a worker more would add its fork and ~850 copy-on-write faults (~8 ms of CPU, as
 # much as a call) to the work the same few CPUs must do, and a warm worker serves the waiting call
-# in less. 8 concurrent single-bond ADDs on 2 CPUs (scripts/bench, 7 bursts, against Go's wall
-# time): 8 idle workers of which 2 warm 1.19x; 4 warm workers and this wait 0.88x, at 56 MiB PSS
-# idle against 49. A busy worker that waits on a child (a delegate or IPAM plugin it ran, which may
+# in less. 8 concurrent single-bond ADDs on 2 CPUs (scripts/bench, 7-9 bursts, against Go's wall
+# time): 8 idle workers of which 2 warm 1.19x; 4 warm workers and this wait 0.83-0.88x, at 56-57
+# MiB PSS idle against 49. A busy worker that waits on a child (a delegate or IPAM plugin it ran, which may
 # be a call waiting here) gets no wait: one more worker is forked at once (no deadlock, no delay).
 QUEUE_WAIT = 0.025
 QUEUE_POLL = 0.002  # how often a waiting call's case is looked at again
@@ -233,8 +233,8 @@ class Agent:
                     self.spawn_reconcile()
                     interval = self.config.reconcile_interval
                     next_reconcile = time.monotonic() + interval if interval > 0 else float("inf")
-                # With no idle worker left (all busy at the limit) the parent answers REFUSE itself,
-                # so callers fall back at once instead of waiting in the backlog.
+                # With no idle worker left the parent watches the backlog: a waiting call gets a
+                # worker (serve_queued), or, all busy at the limit, REFUSE (the caller falls back).
                 want_listen = not self.idle and self._queued_since is None
                 if want_listen != listening:
                     if want_listen:
@@ -286,11 +286,11 @@ class Agent:
                 self.retire(pid)
 
     def top_up(self) -> None:
-        """Fork idle workers up to ``prefork``, but while a call runs only up to one: the refill's
-        fork (~1-2 ms of the parent's CPU copying page tables) and the new worker's prefault would
-        take the CPU the running call and its waiting client need (measured: the client's wake-up on
-        READY lagged 1.5 ms on 2 CPUs). One idle worker is kept at all times, so a concurrent call
-        still never waits for a fork; the rest are forked once the running calls are reaped."""
+        """Fork idle workers up to ``prefork`` while no call runs. While calls run, none (a call
+        that finds every worker busy waits for one: :meth:`serve_queued`): the fork (~1-2 ms of the
+        parent's CPU copying page tables) and a fresh worker's faults or prefault would take the CPU
+        the running calls and their waiting clients need (measured: the client's wake-up on READY
+        lagged 1.5 ms on 2 CPUs). With ``queue_wait`` 0, one idle worker is kept while calls run."""
         cfg = self.config
         if not self.busy:
             target = cfg.prefork

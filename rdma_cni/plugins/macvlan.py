@@ -419,9 +419,8 @@ class MacvlanPlugin:
             try:
                 try:
                     self._forget(req, cfg, state, rec, host, req.netns, fp)
-                finally:
-                    with state.locked():
-                        macvlan_rdma.refresh_host_record(cfg, host)
+                finally:  # host.json has a lock of its own: no node lock for this (nor for DEL)
+                    macvlan_rdma.refresh_host_record(cfg, host)
             finally:
                 host.close()
 
