@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from netns import Node, Pod
@@ -281,41 +282,32 @@ BAD_MASTERS = [
 ]
 
 
-@pytest.mark.parametrize(("masters", "named", "why"), BAD_MASTERS)
-def test_a_masters_entry_that_cannot_be_a_bond_is_7_naming_it(
-    node_ns: Node, masters: list[str], named: str, why: str
-) -> None:
-    n = node_ns
-    before = bond0(n)
-    pod = n.pod()
-    conf = n.config(masters=masters)
-    res = n.plugin("ADD", conf, pod)
-    assert res.code == 1 and res.out["code"] == 7, res.out
-    assert "'masters'" in res.out["msg"] and repr(named) in res.out["msg"] and why in res.out["msg"]
-    assert_clean(n, before)
-    assert links_in(n, pod) == ["lo"]
-    assert n.plugin("DEL", conf, pod).code == 0
-    assert_clean(n, before)
-    assert_next_pod_gets_the_bond(n, before)
+def assert_7_naming_the_master(out: dict[str, Any], named: str, why: str) -> None:
+    """Code 7 whose message names the key, the entry and why it cannot be a bond."""
+    assert out["code"] == 7, out
+    assert "'masters'" in out["msg"] and repr(named) in out["msg"] and why in out["msg"], out
 
 
 @pytest.mark.parametrize(("masters", "named", "why"), BAD_MASTERS)
-def test_status_refuses_a_bad_masters_entry_with_adds_own_error(
+def test_a_masters_entry_that_cannot_be_a_bond_is_7_naming_it_for_add_and_status_alike(
     node_ns: Node, masters: list[str], named: str, why: str
 ) -> None:
+    """ADD refuses it before touching anything; STATUS answers the same error (not "ready")."""
     n = node_ns
     before = bond0(n)
     conf = n.config(masters=masters, cniVersion="1.1.0")
     status = n.plugin("STATUS", conf)
-    assert status.code == 1 and status.out["code"] == 7, status.out
-    msg = status.out["msg"]
-    assert "'masters'" in msg and repr(named) in msg and why in msg and "`ip link`" in msg, msg
+    assert status.code == 1 and "`ip link`" in status.out["msg"], status.out
+    assert_7_naming_the_master(status.out, named, why)
     pod = n.pod()
     add = n.plugin("ADD", conf, pod)
     assert (add.code, add.out) == (status.code, status.out)  # one error, whichever verb asks
+    assert_clean(n, before)
+    assert links_in(n, pod) == ["lo"]
     assert n.plugin("DEL", conf, pod).code == 0
     assert n.plugin("STATUS", conf).out == status.out
     assert_clean(n, before)
+    assert_next_pod_gets_the_bond(n, before)
 
 
 def test_status_is_ready_for_a_good_master_and_changes_nothing(node_ns: Node) -> None:
