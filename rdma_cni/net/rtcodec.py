@@ -35,7 +35,6 @@ _RTA_CACHEINFO = struct.Struct("=IIiIIIII")
 _RTA_CACHEINFO_KEYS = (
     "rta_clntref", "rta_lastuse", "rta_expires", "rta_error", "rta_used", "rta_id", "rta_ts", "rta_tsage",
 )
-NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 RT_TABLE_COMPAT = 252
 
 # kind -> (header struct, header field names in struct order; None = reserved byte, sent as 0)
@@ -46,6 +45,8 @@ _HEADERS: dict[str, tuple[struct.Struct, tuple[str | None, ...]]] = {
     "rule": (struct.Struct("=BBBBBBBBI"),
              ("family", "dst_len", "src_len", "tos", "table", None, None, "action", "flags")),
 }
+# The header fields a record keeps (the reserved bytes are not among them), in wire order.
+HEADER_FIELDS = {kind: tuple(n for n in names if n is not None) for kind, (_, names) in _HEADERS.items()}
 
 
 _Codec = tuple[Callable[[bytes], Any], Callable[[Any], bytes]]  # (payload -> value, value -> payload)

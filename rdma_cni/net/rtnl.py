@@ -26,11 +26,7 @@ RTM_NEWADDR, RTM_DELADDR = 20, 21
 RTM_NEWROUTE, RTM_DELROUTE = 24, 25
 RTM_NEWRULE, RTM_DELRULE = 32, 33
 
-_HEADERS = {
-    "addr": ("family", "prefixlen", "flags", "scope", "index"),
-    "route": ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags"),
-    "rule": ("family", "dst_len", "src_len", "tos", "table", "action", "flags"),
-}
+_HEADERS = rtcodec.HEADER_FIELDS  # the header fields a record keeps, per kind
 _DROP = {"IFA_CACHEINFO", "RTA_CACHEINFO", "RTA_EXPIRES"}
 
 
@@ -59,12 +55,7 @@ def decode(kind: str, data: bytes) -> Record:
     try:
         return rtcodec.decode(kind, data)
     except rtcodec.Unsupported:
-        pass
-    msg = _message_class(kind)(data)
-    msg.decode()
-    out: Record = {k: msg[k] for k in _HEADERS[kind]}
-    out["attrs"] = [[s[0], plain(s[1])] for s in msg["attrs"]]
-    return out
+        return pyroute2_decode(kind, data)
 
 
 def encode(kind: str, rec: Record, msg_type: int, flags: int, seq: int) -> bytes:
@@ -72,7 +63,21 @@ def encode(kind: str, rec: Record, msg_type: int, flags: int, seq: int) -> bytes
     try:
         return rtcodec.encode(kind, rec, msg_type, flags, seq)
     except rtcodec.Unsupported:
-        pass
+        return pyroute2_encode(kind, rec, msg_type, flags, seq)
+
+
+def pyroute2_decode(kind: str, data: bytes) -> Record:
+    """:func:`decode` by pyroute2's message class alone: the fallback, and the reference the
+    codec is held to (tests/test_rtcodec.py, scripts/bench-rtcodec)."""
+    msg = _message_class(kind)(data)
+    msg.decode()
+    out: Record = {k: msg[k] for k in _HEADERS[kind]}
+    out["attrs"] = [[s[0], plain(s[1])] for s in msg["attrs"]]
+    return out
+
+
+def pyroute2_encode(kind: str, rec: Record, msg_type: int, flags: int, seq: int) -> bytes:
+    """:func:`encode` by pyroute2's message class alone (the fallback and the reference)."""
     msg = _message(kind, rec)
     msg["header"] = {"type": msg_type, "flags": flags, "sequence_number": seq, "pid": 0}
     msg.encode()
