@@ -103,8 +103,8 @@ def test_routes_and_rules_are_replayed_exactly_after_the_kernel_flushed_them(nod
     before = (n.node_json("route", "show", "table", "all"), n.node_json("rule"))
     ipr, index = _ns_ipr(n)
     snap = addresses.snapshot(ipr, index)
-    rts = routes.snapshot_routes(ipr, index, ["198.51.100.2"])
-    rules = routes.snapshot_rules(ipr, "bond0", ["198.51.100.2"])
+    [rts] = routes.snapshot_routes_of(ipr, [(index, {"198.51.100.2"})])
+    [rules] = routes.snapshot_rules_of(ipr, [("bond0", {"198.51.100.2"})])
     assert len(rts) == 3 and len(rules) == 1
     addresses.remove(ipr, index, snap)
     assert not [r for r in n.node_json("route") if r.get("dev") == "bond0"]  # the kernel flushed them

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable
 from typing import Any
 
 from rdma_cni.net import rtnl
@@ -55,10 +54,6 @@ def _not_local_or_kernel(table: int, proto: int) -> bool:
     return table != RT_TABLE_LOCAL and proto != RTPROT_KERNEL
 
 
-def snapshot_routes(ipr: RtnlSocket, index: int, ips: Iterable[str]) -> list[Record]:
-    return snapshot_routes_of(ipr, [(index, set(ips))])[0]
-
-
 def snapshot_routes_of(ipr: RtnlSocket, bonds: list[tuple[int, set[str]]]) -> list[list[Record]]:
     """Each bond's routes (by ifindex and its IPs), from one dump per family for all of them: an
     8-bond ADD read the node's routing table 16 times (~0.2 ms each) for what one pair of dumps says."""
@@ -74,10 +69,6 @@ def snapshot_routes_of(ipr: RtnlSocket, bonds: list[tuple[int, set[str]]]) -> li
                 if _uses(rec, index, ips):
                     out[i].append(rec)
     return out
-
-
-def snapshot_rules(ipr: RtnlSocket, bond: str, ips: Iterable[str]) -> list[Record]:
-    return snapshot_rules_of(ipr, [(bond, set(ips))])[0]
 
 
 def snapshot_rules_of(ipr: RtnlSocket, bonds: list[tuple[str, set[str]]]) -> list[list[Record]]:

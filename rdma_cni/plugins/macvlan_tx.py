@@ -92,14 +92,14 @@ def temp_name() -> str:
 
 def snapshot_bond(
     host: Any, bond: links.Link, pod_ifname: str, mtu: int, moves: bool,
-    addrs: list[dict[str, Any]] | None = None, routing: bool = True,
+    addrs: list[dict[str, Any]] | None = None,
 ) -> BondRecord:
-    """What write-ahead records for one bond: everything needed to give it back exactly.
-    ``addrs``: the bond's address snapshot when it was just taken (under the same node lock).
-    ``routing=False``: its routes and rules are left to :func:`snapshot_routing` (after the lock)."""
+    """What write-ahead records for one bond under the node lock; its routes and rules are left to
+    :func:`snapshot_routing` (after the lock, for all the bonds at once).
+    ``addrs``: the bond's address snapshot when it was just taken (under the same node lock)."""
     if addrs is None or not moves:
         addrs = addresses.snapshot(host, bond.index) if moves else []
-    b = BondRecord(
+    return BondRecord(
         bond=bond.name,
         bond_index=bond.index,
         pod_ifname=pod_ifname,
@@ -108,9 +108,6 @@ def snapshot_bond(
         addresses=addrs,
         moves_addresses=moves,
     )
-    if routing:
-        _snapshot_routing(host, b)
-    return b
 
 
 def snapshot_routing(host: Any, rec: AttachmentRecord) -> None:
@@ -127,12 +124,6 @@ def snapshot_routing(host: Any, rec: AttachmentRecord) -> None:
     rules = routes.snapshot_rules_of(host, [(b.bond, i) for b, i in zip(moving, ips, strict=True)])
     for b, r, u in zip(moving, found, rules, strict=True):
         b.routes, b.rules = r, u
-
-
-def _snapshot_routing(host: Any, b: BondRecord) -> None:
-    ips = [addresses.ip_of(a) for a in b.addresses]
-    b.routes = routes.snapshot_routes(host, b.bond_index, ips) if b.moves_addresses else []
-    b.rules = routes.snapshot_rules(host, b.bond, ips) if b.moves_addresses else []
 
 
 @dataclass
