@@ -128,7 +128,8 @@ class MacvlanPlugin:
                 raise
         self._reclaim_dead(req, cfg, state, host)
         seen: dict[str, tuple[links.Link, list[dict[str, Any]]]] = {}
-        bonds = self._pick_bonds(req, cfg, state, host, seen, known)
+        ports = sysfs.list_ports(cfg.sysfs_root)  # once: default masters, device IDs and the RDMA plan
+        bonds = self._pick_bonds(req, cfg, state, host, seen, known, ports)
         rec = AttachmentRecord(
             container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=ns.inode,
             cni_version=req.cni_version, network=req.name, ipam=cfg.ipam,
@@ -137,7 +138,7 @@ class MacvlanPlugin:
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
             state.clear_skipped(bond)  # handed out again with what it holds now: the old skip is history
-        macvlan_rdma.plan(cfg, rec.bonds)  # device, netns mode, host GID index: recorded write-ahead
+        macvlan_rdma.plan(cfg, rec.bonds, ports)  # device, netns mode, host GID index: recorded write-ahead
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: state.put(rec),
                             mode=cfg.mode, mac=_requested_mac(req))
         ctx.rdma_step = lambda b, i: macvlan_rdma.attach(cfg, rec, b, ns, _ipam_ipv4(ctx, i), ctx.save)
@@ -200,10 +201,11 @@ class MacvlanPlugin:
     def _pick_bonds(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any,
         seen: dict[str, tuple[links.Link, list[dict[str, Any]]]], known: dict[str, links.Link],
+        ports: list[sysfs.RdmaPort],
     ) -> list[str]:
         """``seen`` collects what was read of each usable bond, so planning need not ask again;
-        ``known``: the configured masters, looked up before the lock."""
-        masters = self._masters(cfg)
+        ``known``: the configured masters, looked up before the lock; ``ports``: the RDMA ports."""
+        masters = self._masters(cfg, ports)
         held: dict[int, list[dict[str, Any]]] = {}  # the configured bonds' addresses: one dump for all
 
         def addresses_of(link: links.Link) -> list[dict[str, Any]]:
@@ -222,19 +224,18 @@ class MacvlanPlugin:
             return ""
 
         root = cfg.sysfs_root
-        ports: dict[str, list[sysfs.RdmaPort]] = {}  # read once, when a bond's device is first asked
 
         def device_of(master: str) -> str | None:
-            if "all" not in ports:
-                ports["all"] = sysfs.list_ports(root)
-            return macvlan_rdma.device_of(root, master, ports["all"])
+            return macvlan_rdma.device_of(root, master, ports)
 
         return choose_bonds(req, masters, cfg.count, state.pins(), usable, device_of, root)
 
-    def _masters(self, cfg: MacvlanConfig | StatusConfig) -> list[str]:
+    def _masters(
+        self, cfg: MacvlanConfig | StatusConfig, ports: list[sysfs.RdmaPort] | None = None
+    ) -> list[str]:
         if cfg.masters:
             return list(dict.fromkeys(cfg.masters))
-        found = macvlan_rdma.default_masters(cfg.sysfs_root)
+        found = macvlan_rdma.default_masters(cfg.sysfs_root, ports)
         if found:
             return found
         raise CniError(
@@ -261,7 +262,7 @@ class MacvlanPlugin:
         if links.get_link(pod, name) is not None:
             raise CniError(INVALID_ENV, f"interface {name} already exists in {req.netns}")
         addrs = seen[1] if seen else None
-        return tx.snapshot_bond(host, link, name, mtu, moves=cfg.ipam is None, addrs=addrs, routing=False)
+        return tx.snapshot_bond(host, link, name, mtu, moves=cfg.ipam is None, addrs=addrs)
 
     def _run_ipam(self, req: Request, cfg: MacvlanConfig, rec: AttachmentRecord, ctx: tx.AddContext) -> None:
         assert cfg.ipam is not None

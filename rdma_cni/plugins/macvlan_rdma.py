@@ -58,10 +58,10 @@ def _first_ipv6(b: BondRecord) -> str | None:
     return None
 
 
-def plan(cfg: MacvlanConfig, bonds: list[BondRecord]) -> None:
-    """Fill ``b.rdma`` for every bond that has an RDMA device (or fail when one is required)."""
+def plan(cfg: MacvlanConfig, bonds: list[BondRecord], ports: list[sysfs.RdmaPort]) -> None:
+    """Fill ``b.rdma`` for every bond that has an RDMA device (or fail when one is required).
+    ``ports``: :func:`sysfs.list_ports` as the caller just read it (once per ADD)."""
     checked = False
-    ports = sysfs.list_ports(cfg.sysfs_root)  # once for all the bonds
     for b in bonds:
         port = sysfs.port_for_netdev(cfg.sysfs_root, b.bond, ports)
         if port is None:
