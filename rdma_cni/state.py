@@ -321,7 +321,12 @@ class NodeState:
         Safe under :meth:`locked` because it never waits. A claim this process already holds (its
         own attachment, or a hash collision with it) counts as busy: flock is per open file.
         """
-        fd = self._claim_fd(att)
+        with self._try_bucket(_bucket(att.container_id, att.ifname)) as free:
+            yield free
+
+    @contextmanager
+    def _try_bucket(self, bucket: int) -> Iterator[bool]:
+        fd = self._bucket_fd(bucket)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -342,17 +347,6 @@ class NodeState:
             durable.ensure_dir(claims)
         return os.open(os.path.join(claims, f"{bucket:02x}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def _bucket_free(self, bucket: int) -> bool:
-        """Nobody (this process included, through another claim) holds claim ``bucket`` now."""
-        fd = self._bucket_fd(bucket)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)
-        return True
-
     def sweep(self) -> None:
         """Remove what an atomic write cut short by kill -9 left behind (under the node lock)."""
         with self.locked():
@@ -369,12 +363,16 @@ class NodeState:
         for name in names:
             if name.startswith(CLAIMED_TEMP_PREFIX):
                 bucket = name[len(CLAIMED_TEMP_PREFIX) : len(CLAIMED_TEMP_PREFIX) + 2]
-                if not _is_bucket(bucket) or not self._bucket_free(int(bucket, 16)):
-                    continue
-            elif not name.startswith(durable.TEMP_PREFIX):
-                continue
-            log.info("removing %s/%s left by an interrupted write", self.dir, name)
-            durable.remove(os.path.join(self.dir, name))
+                if _is_bucket(bucket):
+                    with self._try_bucket(int(bucket, 16)) as free:  # held while removing
+                        if free:
+                            self._remove_orphan(name)
+            elif name.startswith(durable.TEMP_PREFIX):
+                self._remove_orphan(name)
+
+    def _remove_orphan(self, name: str) -> None:
+        log.info("removing %s/%s left by an interrupted write", self.dir, name)
+        durable.remove(os.path.join(self.dir, name))
 
     def _temp_prefix(self, rec: AttachmentRecord) -> str:
         """Under the node lock the plain temp name; else the writer must hold ``rec``'s claim."""
