@@ -54,11 +54,7 @@ def nad_config(**extra: Any) -> str:
 def test_add_writes_network_status_as_multus_does_for_the_same_networks(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, "tke-route-eni,tke-rdma-macvlan")
     # Multus's entries for ptp (2 interfaces: the pod's eth0 is the default; ptp's default route has
     # no gateway, which Go prints as <nil>) and for macvlan (1 interface: all its IPs), from the
     # live pod, not from our result.

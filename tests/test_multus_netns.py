@@ -156,6 +156,18 @@ class Node:
         self.pods.append(name)
         return name
 
+    def added_pod(
+        self, api: KubeServer, tmp: Path, networks: str, **extra: Any
+    ) -> tuple[dict[str, Any], str, Any]:
+        """Pod ibv-app-0 asking for ``networks``, a fresh netns, and rdma-multus's ADD of it (which
+        must succeed): (the config, the netns, the ADD's result)."""
+        api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: networks})
+        conf = self.config(api.kubeconfig(tmp / "kc"), **extra)
+        pod = self.pod_netns()
+        code, result = self.run("ADD", conf, "c1", pod)
+        assert code == 0, result
+        return conf, pod, result
+
     def config(self, kubeconfig: Path | None, version: str = "1.0.0", **extra: Any) -> dict[str, Any]:
         return {
             "cniVersion": version,
@@ -293,11 +305,7 @@ def test_failing_second_delegate_leaves_nothing_behind(node: Node, api: KubeServ
 def test_del_after_the_api_server_is_gone_and_the_netns_too(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, "tke-rdma-macvlan")
     assert links(pod) == {"lo", "eth0", "net1"}
     api.stop()
     sh("ip", "netns", "del", pod)
@@ -312,11 +320,7 @@ def test_del_after_the_api_server_is_gone_and_the_netns_too(
 def test_del_with_the_netns_alive_and_no_api_removes_the_interfaces(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan@rdma0"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, "tke-rdma-macvlan@rdma0")
     assert links(pod) == {"lo", "eth0", "rdma0"}
     api.stop()
     code, out = node.run("DEL", conf, "c1", pod)
@@ -384,11 +388,7 @@ def test_api_server_down_at_add_is_a_clear_error(node: Node, api: KubeServer, tm
 def test_check_notices_a_lost_address_on_the_rdma_interface(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, result = node.added_pod(api, tmp_path, "tke-rdma-macvlan")
     sh("ip", "-n", pod, "addr", "flush", "dev", "net1")
     code, err = node.run("CHECK", {**conf, "prevResult": result}, "c1", pod)
     assert code != 0 and "203.0.113.64" in err["msg"] and "net1" in err["msg"]
@@ -498,11 +498,7 @@ def test_json_annotation_sets_interface_name_mac_and_cni_args(
             }
         ]
     )
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: text})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, text)
     link = json.loads(sh("ip", "-n", pod, "-j", "link", "show", "rdma7").stdout)[0]
     assert link["address"] == "02:00:00:00:00:42"  # via runtimeConfig.mac: the plugin declares it
     (add,) = [c for c in node.delegate_calls() if c["cmd"] == "ADD"]
@@ -565,11 +561,7 @@ def test_concurrent_pods_each_get_their_networks_and_the_token_is_never_logged(
 def test_del_with_an_unreadable_plan_recovers_from_the_result_caches(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, "tke-route-eni,tke-rdma-macvlan")
     (plan,) = (node.cache_dir / "attachments").iterdir()
     plan.write_text('{"containerID": "c1", "delegates": [tor')  # a disk fault, not something we write
     code, out = node.run("DEL", conf, "c1", pod)
@@ -582,14 +574,9 @@ def test_rollback_keeps_what_would_not_delete_for_the_runtimes_del(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
     """ADD fails at the 2nd network and the 1st refuses DEL: the plan keeps the 1st, DEL retries it."""
-    flag = tmp_path / "refuse-del"
-    _flaky_default_network(node, flag, msg="busy, try again")
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-broken"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
-    pod = node.pod_netns()
-    flag.touch()
-    code, err = node.run("ADD", conf, "c1", pod)
-    assert code != 0 and "h5-broken" in err["msg"]
+    flag, conf, pod = _failed_add_the_default_network_will_not_undo(
+        node, api, tmp_path, msg="busy, try again"
+    )
     assert links(pod) == {"lo", "eth0"}  # h5-flaky refused to go
     plan = json.loads((node.cache_dir / "attachments" / "c1-eth0.json").read_text())
     assert [d["network"] for d in plan["delegates"]] == ["h5-flaky"]
@@ -620,7 +607,29 @@ def _flaky_default_network(node: Node, flag: Path, msg: str = "delegate store un
                  "ranges": [[{"subnet": "198.51.100.0/26"}]]}}]})  # fmt: skip
 
 
-def _assert_next_pod_gets_its_networks(node: Node, conf: dict[str, Any]) -> None:
+def _failed_add_the_default_network_will_not_undo(
+    node: Node, api: KubeServer, tmp: Path, msg: str = "delegate store unreachable"
+) -> tuple[Path, dict[str, Any], str]:
+    """ADD of a pod whose 2nd network (h5-broken) fails while its 1st (h5-flaky) refuses DEL:
+    (the flag that makes it refuse, the config, the pod netns)."""
+    flag = tmp / "refuse-del"
+    _flaky_default_network(node, flag, msg=msg)
+    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-broken"})
+    conf = node.config(api.kubeconfig(tmp / "kc"), defaultDelegates="h5-flaky")
+    pod = node.pod_netns()
+    flag.touch()
+    code, err = node.run("ADD", conf, "c1", pod)
+    assert code != 0 and "h5-broken" in err["msg"]
+    return flag, conf, pod
+
+
+def _assert_del_succeeds_then_the_next_pod_gets_its_networks(
+    node: Node, conf: dict[str, Any], pod: str
+) -> None:
+    """The (retried) DEL of c1 succeeds and leaves nothing; then a pod c2 gets both networks."""
+    code, out = node.run("DEL", conf, "c1", pod)
+    assert code == 0, out
+    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
     pod = node.pod_netns()
     code, result = node.run("ADD", conf, "c2", pod)
     assert code == 0, result
@@ -639,11 +648,7 @@ def _kept(node: Node) -> tuple[list[str], list[str]]:
 def test_del_with_a_delegate_binary_gone_deletes_the_others_and_keeps_only_it(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, "tke-route-eni,tke-rdma-macvlan")
     wrapper = node.bin_dir / "logged-macvlan"
     body = wrapper.read_text()
     wrapper.unlink()  # the RDMA network's plugin was uninstalled while the pod ran
@@ -656,10 +661,7 @@ def test_del_with_a_delegate_binary_gone_deletes_the_others_and_keeps_only_it(
     assert code != 0 and out["code"] == 7
     wrapper.write_text(body)
     wrapper.chmod(0o755)
-    code, out = node.run("DEL", conf, "c1", pod)
-    assert code == 0, out
-    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
-    _assert_next_pod_gets_its_networks(node, conf)
+    _assert_del_succeeds_then_the_next_pod_gets_its_networks(node, conf, pod)
 
 
 def test_del_with_a_failing_delegate_deletes_the_others_and_retries_only_it(
@@ -667,21 +669,14 @@ def test_del_with_a_failing_delegate_deletes_the_others_and_retries_only_it(
 ) -> None:
     flag = tmp_path / "refuse-del"
     _flaky_default_network(node, flag)
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, "tke-rdma-macvlan", defaultDelegates="h5-flaky")
     flag.touch()
     code, out = node.run("DEL", conf, "c1", pod)
     assert code != 0 and out["code"] == 11 and "h5-flaky (eth0)" in out["msg"], out
     assert links(pod) == {"lo", "eth0"}  # net1 went although the default network refused
     assert _kept(node) == (["h5-flaky"], ["h5-flaky-c1-eth0"])
     flag.unlink()
-    code, out = node.run("DEL", conf, "c1", pod)
-    assert code == 0, out
-    assert links(pod) == {"lo"} and node.leftovers() == CLEAN_NODE
-    _assert_next_pod_gets_its_networks(node, conf)
+    _assert_del_succeeds_then_the_next_pod_gets_its_networks(node, conf, pod)
 
 
 def test_a_delegate_type_that_can_never_run_is_skipped_on_del(
@@ -729,14 +724,7 @@ def test_add_after_a_failed_add_undoes_the_recorded_attempt_first(
 ) -> None:
     """ADD fails at the 2nd network and the 1st will not DEL; the runtime's retry with a fixed
     annotation undoes the recorded attempt by DEL's rules before it runs anything."""
-    flag = tmp_path / "refuse-del"
-    _flaky_default_network(node, flag)
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "h5-broken"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"), defaultDelegates="h5-flaky")
-    pod = node.pod_netns()
-    flag.touch()
-    code, err = node.run("ADD", conf, "c1", pod)
-    assert code != 0 and "h5-broken" in err["msg"]
+    flag, conf, pod = _failed_add_the_default_network_will_not_undo(node, api, tmp_path)
     api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-rdma-macvlan"})
     code, err = node.run("ADD", conf, "c1", pod)  # the earlier attempt still will not go
     assert code != 0 and err["code"] == 11 and "earlier ADD" in err["msg"], err
@@ -752,11 +740,7 @@ def test_add_after_a_failed_add_undoes_the_recorded_attempt_first(
 def test_del_with_a_config_broken_after_add_still_deletes_every_network(
     node: Node, api: KubeServer, tmp_path: Path
 ) -> None:
-    api.add_pod("default", "ibv-app-0", annotations={ANNOTATION: "tke-route-eni,tke-rdma-macvlan"})
-    conf = node.config(api.kubeconfig(tmp_path / "kc"))
-    pod = node.pod_netns()
-    code, result = node.run("ADD", conf, "c1", pod)
-    assert code == 0, result
+    conf, pod, _ = node.added_pod(api, tmp_path, "tke-route-eni,tke-rdma-macvlan")
     broken = {**conf, "apiTimeoutSeconds": "soon", "defaultDelegates": 5}
     code, out = node.run("DEL", broken, "c1", pod)
     assert code == 0, out
