@@ -48,6 +48,12 @@ Public API (read by ``cni-tool state`` and doctor as well as the plugin)::
     st.pins()         -> dict[bond name, Attachment]
     st.unreadable()   -> list[str] paths of files that failed to load
     st.note_skipped(SkippedRestore(...)); st.skipped_restores(); st.clear_skipped(bond)
+    st.note_deadlines(bond, notes); st.deadlines(bond)
+
+Finite address lifetimes: a give-back notes, in ``deadlines/<bond>.json``, the deadlines of each
+finite address it put back and the kernel's stamp of that add, so the bond's next ADD carries the
+first deadlines on instead of the ones the add rounded to (:mod:`rdma_cni.net.lifetimes`). Advisory
+like the skipped notes: a lost note costs the address at most half a second, once.
 
 A re-addressed bond (:func:`address_drift`): when a bond is given back while it holds a global
 address its record does not (the node's network config or an operator re-addressed it while a pod
@@ -88,6 +94,7 @@ CLAIM_BUCKETS = 256
 CLAIMED_TEMP_PREFIX = ".tmpc-"  # + "<bucket:02x>-": an atomic write by a claim holder, no node lock
 COMMIT_SUFFIX = ".added"
 SKIPPED_DIR = "skipped"
+DEADLINES_DIR = "deadlines"
 
 
 @dataclass
@@ -485,6 +492,36 @@ class NodeState:
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("skipped-restore note %s/%s unreadable: %s", d, name, exc)
         return out
+
+    # ------------------------------------------------------------ finite lifetimes' deadlines
+    def _deadlines_path(self, bond: str) -> str:
+        validate_ifname(bond)
+        return os.path.join(self.data_dir, DEADLINES_DIR, f"{urllib.parse.quote(bond, safe='')}.json")
+
+    def note_deadlines(self, bond: str, notes: dict[str, Any]) -> None:
+        """What a give-back of the bond left (atomically, unsynced: advisory); none: the note goes."""
+        if not notes.get("addresses"):
+            try:
+                os.unlink(self._deadlines_path(bond))
+            except FileNotFoundError:
+                pass
+            return
+        self.ensure()
+        durable.ensure_dir(os.path.join(self.data_dir, DEADLINES_DIR))
+        durable.atomic_write_json(self._deadlines_path(bond), notes, sync=False)
+
+    def deadlines(self, bond: str) -> dict[str, Any]:
+        """The bond's last give-back note; {} when there is none or it cannot be read."""
+        path = self._deadlines_path(bond)
+        try:
+            with open(path, "rb") as f:
+                notes = json.loads(f.read())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("deadline note %s unreadable: %s", path, exc)
+            return {}
+        return notes if isinstance(notes, dict) else {}
 
     def _committed(self, path: str, stamp: list[int]) -> AttachmentRecord | None:
         """The committed record beside ``path`` if it is whole and of this write-ahead record."""

@@ -16,10 +16,13 @@ bond's own MAC and stay. The kernel says which ones it made: ``IFA_PROTO`` (``ke
 a SLAAC address looks like a configured one with finite lifetimes, so there only permanent (forever)
 IPv6 addresses move.
 
-Lifetimes: an address that is not forever keeps its deadlines. The snapshot stores the remaining
-valid/preferred lifetimes and the wall-clock time they were read; every later add (into the pod, back
-onto the bond) passes what is left of them, so the address expires when it would have on the bond.
-One whose valid lifetime ran out meanwhile is not put back (it would have expired on the bond too).
+Lifetimes: an address that is not forever keeps its deadlines (:mod:`rdma_cni.net.lifetimes`). The
+snapshot stores them on the kernel's address clock (``validUntil``/``preferredUntil``, hundredths
+since boot, with the boot's ID) beside the remaining lifetimes and the wall-clock time they were read
+(what records of older versions hold, and what is left to go by after a reboot); every later add
+(into the pod, back onto the bond) passes the whole seconds nearest to what is left, so the address
+expires when it would have on the bond. One whose valid lifetime ran out meanwhile is not put back
+(it would have expired on the bond too).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from rdma_cni.net import rtnl
+from rdma_cni.net import lifetimes, rtnl
 from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.rtnl import Record, attr
 
@@ -51,6 +55,9 @@ FOREVER = 0xFFFFFFFF
 _KERNEL_FLAGS = IFA_F_SECONDARY | IFA_F_DADFAILED | IFA_F_DEPRECATED | IFA_F_TENTATIVE | IFA_F_PERMANENT
 RT_SCOPE_LINK = 253
 RT_SCOPE_HOST = 254
+_DUMP_TRIES = 3
+_REDUMP_AFTER = 0.05  # s: past the whole second a deadline fell on (2 * SLACK and the dump's time)
+_NOTE_AGREES = 60  # hundredths: an add lands within half a second of the deadline it was given
 
 
 def cidr(rec: Record) -> str:
@@ -98,49 +105,126 @@ def holds_movable(ipr: RtnlSocket, index: int) -> bool:
     return any(movable(*kind) for kind in ipr.addr_kinds(index))
 
 
-def _with_lifetimes(full: Record, rec: Record, now: float) -> Record:
-    """Keep a finite lifetime (rtnl records drop IFA_CACHEINFO: its timestamps never replay)."""
+def _with_lifetimes(full: Record, rec: Record, now: float, dumped: tuple[float, float]) -> bool:
+    """Keep a finite lifetime (rtnl records drop IFA_CACHEINFO: its timestamps never replay).
+    False when its deadlines are not exact (the dump fell on a whole second of its age)."""
     info = attr(full, "IFA_CACHEINFO")
-    if info is not None and info["ifa_valid"] != FOREVER:
-        rec["lifetimes"] = {"valid": info["ifa_valid"], "preferred": info["ifa_preferred"], "at": now}
-    return rec
+    if not lifetimes.finite(info):
+        return True
+    until = lifetimes.from_cacheinfo(info, dumped)
+    rec["lifetimes"] = {"valid": info["ifa_valid"], "preferred": info["ifa_preferred"], "at": now,
+                        "tstamp": int(info["tstamp"]), "validUntil": until.valid,
+                        "preferredUntil": until.preferred, "boot": lifetimes.boot_id()}
+    return until.exact
+
+
+def _dumped(ipr: RtnlSocket, index: int = 0) -> tuple[list[Record], tuple[float, float]]:
+    before = time.monotonic()
+    fulls = ipr.addr_dump(index=index)
+    return fulls, (before, time.monotonic())
+
+
+def _settled(dump: Callable[[], tuple[list[Record], tuple[float, float]]]) -> list[Record]:
+    """The dump's movable addresses in add order; dumped again a moment later (rarely, and only
+    with finite lifetimes) while one's deadline is not exact, so none is a second off."""
+    for attempt in range(_DUMP_TRIES):
+        fulls, dumped = dump()
+        recs, exact = _in_add_order(fulls, dumped)
+        if exact or attempt == _DUMP_TRIES - 1:
+            return recs
+        time.sleep(_REDUMP_AFTER)
+    raise AssertionError("unreachable")
 
 
 def snapshot(ipr: RtnlSocket, index: int) -> list[Record]:
     """The link's movable addresses, in add order (see module doc)."""
-    return _in_add_order(ipr.addr_dump(index=index))
+    return _settled(lambda: _dumped(ipr, index))
 
 
 def snapshots(ipr: RtnlSocket, indexes: Iterable[int]) -> dict[int, list[Record]]:
     """:func:`snapshot` of several links from one dump (an 8-bond ADD dumped the node's addresses
     once per bond)."""
     wanted = set(indexes)
+
+    def dump() -> tuple[list[Record], tuple[float, float]]:
+        fulls, dumped = _dumped(ipr)
+        return [m for m in fulls if m["index"] in wanted], dumped
+
     by_link: dict[int, list[Record]] = {index: [] for index in wanted}
-    for full in ipr.addr_dump():
-        if full["index"] in wanted:
-            by_link[full["index"]].append(full)
-    return {index: _in_add_order(fulls) for index, fulls in by_link.items()}
+    for rec in _settled(dump):
+        by_link[rec["index"]].append(rec)
+    return by_link
 
 
-def _in_add_order(fulls: list[Record]) -> list[Record]:
+def _in_add_order(fulls: list[Record], dumped: tuple[float, float]) -> tuple[list[Record], bool]:
     now = time.time()
-    recs = [_with_lifetimes(m, rtnl.record("addr", m), now) for m in fulls]
+    recs, exact = [], True
+    for m in fulls:
+        rec = rtnl.record("addr", m)
+        exact = _with_lifetimes(m, rec, now, dumped) and exact
+        recs.append(rec)
     recs = [r for r in recs if _movable(r)]
     v4 = [r for r in recs if r["family"] == socket.AF_INET]
     v6 = [r for r in recs if r["family"] == socket.AF_INET6]
-    return v4 + list(reversed(v6))
+    return v4 + list(reversed(v6)), exact
+
+
+def _on_this_boot(life: dict[str, Any]) -> bool:
+    return "validUntil" in life and life.get("boot") == lifetimes.boot_id()
 
 
 def remaining(rec: Record, now: float | None = None) -> tuple[int, int] | None:
-    """(valid, preferred) seconds left of a finite lifetime; None when forever. Valid <= 0: expired."""
+    """(valid, preferred) seconds left of a finite lifetime; None when forever. Valid <= 0: expired.
+    ``now``: wall-clock time, for a record of an older version or another boot (no deadlines)."""
     life = rec.get("lifetimes")
     if not life:
         return None
+    if _on_this_boot(life):
+        kernel = lifetimes.kernel_now()
+        valid = lifetimes.seconds_left(int(life["validUntil"]), kernel)
+        return valid, max(0, min(valid, lifetimes.seconds_left(int(life["preferredUntil"]), kernel)))
     # The kernel shows whole seconds rounded up (valid - floor(age)): taking whole seconds spent
     # rounded up too keeps the deadline unbiased over many moves instead of creeping later.
     spent = math.ceil(max(0.0, (time.time() if now is None else now) - float(life["at"])))
     valid = int(life["valid"]) - spent
     return valid, max(0, min(valid, int(life["preferred"]) - spent))
+
+
+def has_deadlines(addrs: Iterable[Record]) -> bool:
+    return any(a.get("lifetimes") for a in addrs)
+
+
+def carry_deadlines(addrs: list[Record], notes: dict[str, Any]) -> int:
+    """Where the bond holds an address as a give-back left it (the same ``tstamp``, this boot), take
+    the deadlines noted then: the first ones, not the ones that add rounded to (module doc of
+    :mod:`rdma_cni.net.lifetimes`). Returns how many were carried."""
+    if notes.get("boot") != lifetimes.boot_id():
+        return 0
+    carried = 0
+    for rec in addrs:
+        life, note = rec.get("lifetimes"), notes.get("addresses", {}).get(cidr(rec))
+        if not life or not note or not _on_this_boot(life) or note.get("tstamp") != life["tstamp"]:
+            continue
+        if abs(int(note["validUntil"]) - int(life["validUntil"])) > _NOTE_AGREES:
+            continue  # not the lifetime a give-back set (cannot be without a new tstamp; kept safe)
+        life["validUntil"], life["preferredUntil"] = int(note["validUntil"]), int(note["preferredUntil"])
+        carried += 1
+    return carried
+
+
+def deadline_notes(ipr: RtnlSocket, index: int, addrs: list[Record]) -> dict[str, Any]:
+    """After a give-back: each recorded finite address the link holds with the lifetime the record
+    gave it, by its ``tstamp``, with the record's deadlines (what :func:`carry_deadlines` reads)."""
+    held = {cidr(r): r for r in _settled(lambda: _dumped(ipr, index))}
+    out: dict[str, Any] = {}
+    for rec in addrs:
+        life, live = rec.get("lifetimes"), held.get(cidr(rec), {}).get("lifetimes")
+        if not life or not live or not _on_this_boot(life) or not _on_this_boot(live):
+            continue
+        if abs(int(live["validUntil"]) - int(life["validUntil"])) <= _NOTE_AGREES:
+            out[cidr(rec)] = {"tstamp": live["tstamp"], "validUntil": life["validUntil"],
+                              "preferredUntil": life["preferredUntil"]}
+    return {"boot": lifetimes.boot_id(), "addresses": out}
 
 
 def live_cidrs(ipr: RtnlSocket, index: int) -> list[str]:

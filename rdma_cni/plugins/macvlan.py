@@ -138,6 +138,8 @@ class MacvlanPlugin:
         for i, bond in enumerate(bonds):
             rec.bonds.append(self._plan_bond(req, cfg, host, pod, bond, i, seen.get(bond)))
             state.clear_skipped(bond)  # handed out again with what it holds now: the old skip is history
+            if addresses.has_deadlines(rec.bonds[-1].addresses):  # the first deadlines, not the last add's
+                addresses.carry_deadlines(rec.bonds[-1].addresses, state.deadlines(bond))
         macvlan_rdma.plan(cfg, rec.bonds, ports)  # device, netns mode, host GID index: recorded write-ahead
         ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, save=lambda: state.put(rec),
                             mode=cfg.mode, mac=_requested_mac(req))
@@ -303,6 +305,8 @@ class MacvlanPlugin:
                                   detach=lambda b, ns: macvlan_rdma.detach(cfg, rec, b, ns))
         except CniError as exc:
             own, skipped = exc, []
+        if own is None:
+            _note_deadlines(state, host, rec, {b.bond for b, _ in skipped})
         for b, drift in skipped:
             state.note_skipped(SkippedRestore(
                 bond=b.bond, container_id=rec.container_id, ifname=rec.ifname,
@@ -526,6 +530,19 @@ class MacvlanPlugin:
             host.close()
         raise CniError(STATUS_UNAVAILABLE, "no bond can be handed out now: " + "; ".join(reasons)
                        + f" ({describe_pins(pins)})")
+
+
+def _note_deadlines(state: NodeState, host: Any, rec: AttachmentRecord, skipped: set[str]) -> None:
+    """After a give-back: the deadlines of the finite lifetimes put back, for the bond's next ADD."""
+    for b in rec.bonds:
+        if not b.moves_addresses or b.bond in skipped or not addresses.has_deadlines(b.addresses):
+            continue
+        try:
+            link = links.get_link(host, b.bond)
+            if link is not None:
+                state.note_deadlines(b.bond, addresses.deadline_notes(host, link.index, b.addresses))
+        except Exception as exc:  # noqa: BLE001 - advisory: the next ADD reads the kernel's deadlines
+            log.warning("%s: noting its addresses' deadlines failed: %s", b.bond, exc)
 
 
 def _configured_masters(host: Any, masters: list[str]) -> dict[str, links.Link]:
