@@ -161,6 +161,44 @@ def test_ipv6_gid_keeps_the_host_index_and_is_recorded(rdma_node: tuple[Node, st
     assert sysfs.roce_v2_index(root, "mlx5_bond_0", 1, "198.51.100.2") == v4
 
 
+def test_ipv6_that_appeared_before_ipv4_keeps_both_host_gid_indexes(node_ns: Node) -> None:
+    """The host's IPv6 came first at boot, so its GID has the lower index: the pod's addresses go in
+    in that order (not IPv4 first), and both land on the host's indexes, in the pod and back."""
+    n = node_ns
+    n.bond("bond0", peer="198.51.100.1/28")
+    sh("ip", "-n", n.switch, "addr", "add", "2001:db8:1::1/64", "nodad", "dev", f"p0-{n.tag[:6]}")
+    n.ip("addr", "add", "2001:db8:1::2/64", "dev", "bond0")
+    time.sleep(0.05)  # the simulated node orders what it finds by creation stamp (hundredths)
+    n.ip("addr", "add", "198.51.100.2/28", "dev", "bond0")
+    n.ip("addr", "add", "198.51.100.3/28", "dev", "bond0")
+    root = os.path.join(n.tmp, "sys")
+    args = ["--sysfs-root", root, "--bonds", "bond0", "--node-netns", f"/run/netns/{n.name}",
+            "--pods-dir", "/run/netns", "--pods-prefix", f"h2-{n.tag}-pod-", "--gid-slots", "16"]
+    with daemon(args):
+        host = {ip: sysfs.roce_v2_index(root, "mlx5_bond_0", 1, ip)
+                for ip in ("2001:db8:1::2", "198.51.100.2", "198.51.100.3")}
+        v6, v4 = host["2001:db8:1::2"], host["198.51.100.2"]
+        assert v6 is not None and v4 is not None and v6 < v4, host
+        pod = n.pod()
+        wait_watched(f"/run/netns/{n.name}", pod.path)
+        conf = n.config(masters=["bond0"], sysfsRoot=root, rdma={"required": True, "gidTimeoutMs": 3000})
+        res = n.plugin("ADD", conf, pod)
+        assert res.code == 0, res.stdout + res.stderr
+        # ADD checked each family's pod GID against the host's index (102 otherwise) and recorded them.
+        record = _record(os.path.join(n.run_dir, "gid", "c1", "bond0.json"))
+        assert (record["gidIndex"], record["gidIndexIPv6"]) == (host["198.51.100.2"], host["2001:db8:1::2"])
+        res = n.plugin("DEL", conf, pod)
+        assert res.code == 0, res.stdout + res.stderr
+        deadline = time.monotonic() + 5
+        back = {}
+        while time.monotonic() < deadline:
+            back = {ip: sysfs.roce_v2_index(root, "mlx5_bond_0", 1, ip) for ip in host}
+            if back == host:
+                break
+            time.sleep(0.05)
+        assert back == host  # back at the host's slots
+
+
 def test_readdressed_bond_rewrites_host_gid_record_from_what_it_holds(rdma_node: tuple[Node, str]) -> None:
     n, root = rdma_node
     pod = n.pod()

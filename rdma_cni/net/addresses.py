@@ -227,6 +227,22 @@ def deadline_notes(ipr: RtnlSocket, index: int, addrs: list[Record]) -> dict[str
     return {"boot": lifetimes.boot_id(), "addresses": out}
 
 
+def in_gid_order(addrs: list[Record], gid_index: Callable[[Record], int | None]) -> list[Record]:
+    """The add order with the two families interleaved so that, at each step, the family whose next
+    address had the lower GID index on the host goes first (unknown: after known; equal: IPv4).
+    Each family keeps its own order (IPv4 primaries first; IPv6 as the dump). The RoCE core gives
+    a new address the lowest free GID slot, so this puts both families back on the host's slots
+    whichever appeared first at boot."""
+    v4 = [a for a in addrs if not is_ipv6(a)]
+    v6 = [a for a in addrs if is_ipv6(a)]
+    out: list[Record] = []
+    while v4 and v6:
+        k4, k6 = gid_index(v4[0]), gid_index(v6[0])
+        six_first = k6 is not None and (k4 is None or k6 < k4)
+        out.append((v6 if six_first else v4).pop(0))
+    return out + v4 + v6
+
+
 def live_cidrs(ipr: RtnlSocket, index: int) -> list[str]:
     return [cidr(rtnl.record("addr", m)) for m in ipr.addr_dump(index=index)]
 

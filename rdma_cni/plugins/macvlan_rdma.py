@@ -58,6 +58,20 @@ def _first_ipv6(b: BondRecord) -> str | None:
     return None
 
 
+def _in_host_gid_order(sysfs_root: str, port: sysfs.RdmaPort, b: BondRecord) -> None:
+    """Dual-stack: the addresses go into the pod (and back) in the order of their GID indexes on
+    the host, so each lands on its host index whichever family appeared first at boot. Decided
+    write-ahead (the record's order is the add order). One family: nothing to interleave."""
+    if not any(addresses.is_ipv6(a) for a in b.addresses) or all(addresses.is_ipv6(a) for a in b.addresses):
+        return
+    index: dict[str, int] = {}
+    for entry in sysfs.read_gids(sysfs_root, port.device, port.port):
+        if entry.type == sysfs.ROCE_V2 and entry.ndev == b.bond:
+            index.setdefault(entry.gid, entry.index)  # the lowest slot, as roce_v2_index finds it
+    b.addresses = addresses.in_gid_order(
+        b.addresses, lambda a: index.get(sysfs.gid_text(sysfs.gid_for_ip(addresses.ip_of(a)))))
+
+
 def plan(cfg: MacvlanConfig, bonds: list[BondRecord], ports: list[sysfs.RdmaPort]) -> None:
     """Fill ``b.rdma`` for every bond that has an RDMA device (or fail when one is required).
     ``ports``: :func:`sysfs.list_ports` as the caller just read it (once per ADD)."""
@@ -77,6 +91,7 @@ def plan(cfg: MacvlanConfig, bonds: list[BondRecord], ports: list[sysfs.RdmaPort
         if not checked:
             mode.require_mode(cfg.sysfs_root, cfg.rdma.netns_mode)
             checked = True
+        _in_host_gid_order(cfg.sysfs_root, port, b)
         ip, ip6 = _first_ipv4(b), _first_ipv6(b)
         host_index = sysfs.roce_v2_index(cfg.sysfs_root, port.device, port.port, ip, b.bond) if ip else None
         b.rdma = {

@@ -81,6 +81,12 @@ def _address(msg: Any) -> str | None:
     return str(ip) if ip else None
 
 
+def _created(msg: Any) -> int:
+    """IFA_CACHEINFO's cstamp: when the address was created (hundredths of a second since boot)."""
+    info = msg.get_attr("IFA_CACHEINFO")
+    return int(info["cstamp"]) if info else 0
+
+
 class SimNode:
     """The watcher. ``open()`` builds the tree and takes the first snapshot; ``process()`` applies
     every queued kernel event in order and looks for new or deleted pod namespaces."""
@@ -285,7 +291,12 @@ class SimNode:
                     addrs = list(ipr.get_addr(index=owner.ifindex))
                 finally:
                     ipr.close()
-        return [ip for ip in map(_address, addrs) if ip]
+        # In the order they appeared, as the kernel gave them slots: by creation stamp (hundredths
+        # since boot); within one hundredth as the kernel dumps them, IPv4 in insertion order and
+        # IPv6 newest first (a new one goes before those of its scope), so that part is reversed.
+        v4 = [m for m in addrs if ":" not in (_address(m) or "")]
+        v6 = [m for m in addrs if ":" in (_address(m) or "")]
+        return [ip for ip in map(_address, sorted(v4 + v6[::-1], key=_created)) if ip]
 
     def _add_existing(self, owner: Owner, bond: str, only_link_local: bool = False) -> None:
         try:
@@ -293,10 +304,7 @@ class SimNode:
         except (OSError, NetnsUnavailable, NetlinkError) as e:  # its netns is being deleted: scan drops it
             log.debug("addresses of %s unreadable: %s", owner, e)
             return
-        # In the order they appeared, as the kernel gave them slots: the kernel dumps IPv6 addresses
-        # newest first (a new one goes before those of its scope), IPv4 in insertion order.
-        v6 = [ip for ip in ips if ":" in ip]
-        for ip in [ip for ip in ips if ":" not in ip] + v6[::-1]:
+        for ip in ips:  # in the order they appeared (_addresses)
             if not only_link_local or ipaddress.ip_address(ip).is_link_local:
                 self._write(bond, self.tables[bond].add(gid_for_ip(ip), owner))
 
