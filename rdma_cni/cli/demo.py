@@ -11,7 +11,8 @@ What it builds, on any Linux machine with netns/veth/macvlan (no RDMA hardware n
   are those the kernel would give;
 * the CNI configs of conf/vpc-cni (``--mode global-router``: conf/global-router), pointed at the demo's
   directories, plus the cluster network played by a reference plugin (``tke-route-eni``: ``ptp``;
-  ``tke-bridge``: ``bridge``), and a kubelet device checkpoint giving the pod two RDMA devices.
+  ``tke-bridge``: ``bridge``), and a kubelet (:mod:`rdma_cni.sim.kubelet`) whose PodResources API
+  says which two RDMA devices it gave the pod, as rdma-multus asks it on a real node.
 
 Then, like containerd for a pod annotated ``tke.cloud.tencent.com/networks: tke-route-eni,
 tke-rdma-macvlan``: ``cni-tool add rdma-multus`` (ADD through rdma-multus → ptp + rdma-macvlan),
@@ -139,6 +140,7 @@ class Demo:
         self.dev_root = str(self.tmp / "dev")
         self.kubelet_root = self.tmp / "kubelet"
         self.picked: list[int] = list(range(pod_bonds))  # the bonds kubelet gives the pod (admission)
+        self.pod_resources: Any = None  # the kubelet's PodResources server, while it runs
 
     def numa(self, i: int) -> int:
         """NUMA node of NIC i: the first half on node 0, the rest on node 1 (as on a GPU node)."""
@@ -226,8 +228,10 @@ class Demo:
         once the plugin registered. The plugin is stopped with SIGTERM (it removes its socket)."""
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no C-core INFO lines in the demo's output
         from rdma_cni.sim.kubelet import TestKubelet
+        from rdma_cni.sim.podresources import PodResourcesServer
 
-        kubelet = TestKubelet(self.kubelet_root).start()
+        self.pod_resources = PodResourcesServer(str(self.kubelet_root / "pod-resources" / "kubelet.sock"))
+        kubelet = TestKubelet(self.kubelet_root, pod_resources=self.pod_resources.add_to).start()
         if self.bundle:
             cmd = [os.path.join(self.bundle, "rdma-device-plugin")]
         else:
@@ -328,22 +332,12 @@ class Demo:
         """The pod annotation's value in this cluster mode (the seed's two forms)."""
         return f"{self.default_network},tke-rdma-macvlan"
 
-    def write_device_checkpoint(self, pod_uid: str) -> list[str]:
-        """What the kubelet records after the device plugin gave the pod its RDMA NICs."""
-        devices = [f"mlx5_bond_{i}" for i in self.picked]
-        entry = {
-            "PodUID": pod_uid,
-            "ContainerName": "main",
-            "ResourceName": RESOURCE,
-            "DeviceIDs": {"0": devices},
-            "AllocResp": "",
-        }
-        path = self.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {}}, "Checksum": 0})
-        )
-        return devices
+    def admit(self, picks: list[str]) -> None:
+        """What kubelet's PodResources API answers once it admitted the pod: the devices Allocate
+        was given, per container, with their NUMA nodes; rdma-multus asks it at ADD (no checkpoint)."""
+        numa = {f"mlx5_bond_{i}": self.numa(i) for i in range(len(self.bonds))}
+        self.pod_resources.set_allocatable(RESOURCE, numa)
+        self.pod_resources.set_pod(POD["namespace"], POD["name"], {"main": {RESOURCE: picks}})
 
     # ---- running the tools -----------------------------------------------------------------------
     def tool_env(self, pod_uid: str) -> dict[str, str]:
@@ -552,16 +546,23 @@ def step_device_plugin(d: Demo, ep: Any) -> None:
     for key in sorted(resp.envs):
         say(f"   {key}={resp.envs[key]}")
     d.picked = sorted(int(p.rsplit("_", 1)[1]) for p in picks)
+    d.admit(picks)
 
 
 def step_add(d: Demo) -> dict[str, str]:
     banner(f"3. Pod {POD['namespace']}/{POD['name']}: {ANNOTATION}: {d.networks}; {RESOURCE}: {d.pod_bonds}")
     pod_uid = str(uuid.uuid4())
-    devices = d.write_device_checkpoint(pod_uid)
-    say(f"kubelet device checkpoint: the pod holds {', '.join(devices)} (what Allocate was given above)")
+    devices = [f"mlx5_bond_{i}" for i in d.picked]
+    say(f"kubelet PodResources: the pod holds {', '.join(devices)} (what Allocate was given above)")
     d.netns(d.pod)
     env = d.tool_env(pod_uid)
+    asked = len(d.pod_resources.calls)
     d.cni_tool("add", "rdma-multus", f"/run/netns/{d.pod}", env=env)
+    calls = d.pod_resources.calls[asked:]
+    if not calls:
+        raise DemoFailed("rdma-multus did not ask kubelet's PodResources API which devices the pod holds")
+    say(f"-> rdma-multus asked kubelet's PodResources API ({', '.join(dict.fromkeys(calls))}) "
+        "which devices the pod holds")
     return env
 
 
