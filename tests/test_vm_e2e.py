@@ -198,6 +198,15 @@ def test_readdressed_bond_after_a_reboot_keeps_its_new_address_at_the_unified_gi
     vm.assert_checks_pass("reboot")
 
 
+def test_dual_stack_bond_whose_ipv6_came_first_keeps_both_host_gid_indexes(vm: VmRun) -> None:
+    """bond1's IPv6 was added before its IPv4, so its GID has the lower index: ADD puts the pod's
+    addresses in in that order, both land on the host's indexes, and DEL puts them back there."""
+    reason = vm.skipped("dualstack")
+    if reason:
+        pytest.skip(f"dual-stack section not run in the guest: {reason}")
+    vm.assert_checks_pass("dualstack")
+
+
 def test_exclusive_mode_add_fails_clearly_and_leaves_the_host_as_it_was(vm: VmRun) -> None:
     reason = vm.skipped("exclusive")
     if reason:
