@@ -1,98 +1,30 @@
-"""The device plugin as the node sees it: what ``rdma-device-plugin`` says about itself (its status
-file), what kubelet says (PodResources: allocatable devices, and which pod holds which), and whether
-the bonds whose IPs the pods hold are the RDMA devices kubelet mounted in them.
+"""The device plugin as the doctor judges it: registered, its devices healthy, kubelet agreeing, and
+whether the bonds whose IPs the pods hold are the RDMA devices kubelet mounted in them.
 
-    view = observe_device_plugin(paths, run_dir, resource)   # once per doctor/state run
-    for a in bond_allocations(snap, pod_of):                 # per bond: kubelet's pod vs the IP's pod
+    for a in bond_allocations(view, bonds, pins, pod_of):   # per bond: kubelet's pod vs the IP's pod
         print(a.bond, a.allocated_to, a.held_by, a.verdict)
 
-The status file (``<run_dir>/device-plugin/status.json``, written atomically by the plugin on every
-change) is ``{"resourceName", "registered", "registrations", "endpoint", "pid", "updated",
-"allocations", "devices": [{"id", "netdev", "numa", "healthy", "reason"}]}``.
+What it judges was read once by :func:`rdma_cni.doctor.node.observe` (the status file and
+kubelet's PodResources: :mod:`rdma_cni.doctor.plugin_view`); this module only reads the snapshot.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding
+from rdma_cni.doctor.node import NodeSnapshot, pod_names
+from rdma_cni.doctor.plugin_view import (  # re-exported: callers knew them here
+    ABSENT,
+    DEFAULT_RESOURCE,
+    STATUS_FILE,
+    DevicePluginView,
+    observe_device_plugin,
+)
 
-if TYPE_CHECKING:
-    from rdma_cni.doctor.node import NodeSnapshot
-
-DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
-STATUS_FILE = os.path.join("device-plugin", "status.json")
-ABSENT = "absent"
-PodKey = tuple[str, str]
-
-
-@dataclass
-class DevicePluginView:
-    resource: str
-    status_path: str
-    status: dict[str, Any] | None
-    status_error: str  # "" = read; ABSENT; else why it could not be read
-    socket: str
-    pods: dict[PodKey, dict[str, list[str]]] | None  # None: kubelet not asked/answering
-    allocatable: list[tuple[str, tuple[int, ...]]] | None  # (device ID, NUMA) of ``resource``
-    kubelet_error: str  # "" = answered; ABSENT = no socket; else the client's sentence
-
-    def allocated(self) -> dict[str, str]:
-        """Device ID of ``resource`` -> "namespace/name" of the pod kubelet gave it to."""
-        out: dict[str, str] = {}
-        for (ns, name), devices in (self.pods or {}).items():
-            for dev in devices.get(self.resource, []):
-                out[dev] = f"{ns}/{name}"
-        return out
-
-    def known_ids(self) -> set[str]:
-        """IDs kubelet knows for ``resource``: allocatable now or allocated to a pod."""
-        return {d for d, _ in self.allocatable or []} | set(self.allocated())
-
-
-def observe_device_plugin(
-    pod_resources_dir: str, run_dir: str, resource: str, timeout: float = 3.0
-) -> DevicePluginView:
-    status_path = os.path.join(run_dir, STATUS_FILE)
-    status, status_error = _read_status(status_path)
-    if status and isinstance(status.get("resourceName"), str) and status["resourceName"]:
-        resource = status["resourceName"]
-    from rdma_cni.kube import podresources
-
-    sock = podresources.socket_path(pod_resources_dir)
-    pods: dict[PodKey, dict[str, list[str]]] | None = None
-    alloc: list[tuple[str, tuple[int, ...]]] | None = None
-    kubelet_error = ABSENT
-    if podresources.available(sock):
-        try:
-            pods = podresources.list_pods(sock, timeout)
-            alloc = [
-                (a.device_id, a.numa)
-                for a in podresources.allocatable(sock, timeout)
-                if a.resource == resource
-            ]
-            kubelet_error = ""
-        except CniError as err:
-            kubelet_error = err.msg
-    return DevicePluginView(resource, status_path, status, status_error, sock, pods, alloc, kubelet_error)
-
-
-def _read_status(path: str) -> tuple[dict[str, Any] | None, str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return None, ABSENT
-    except (OSError, ValueError) as exc:
-        return None, f"{path} cannot be read: {exc}"
-    if not isinstance(doc, dict) or not isinstance(doc.get("devices", []), list):
-        return None, f"{path} is not a device plugin status (an object with a devices list)"
-    return doc, ""
+__all__ = ["ABSENT", "DEFAULT_RESOURCE", "STATUS_FILE", "DevicePluginView", "observe_device_plugin"]
 
 
 # ---------------------------------------------------------------- cni-tool doctor
@@ -318,8 +250,6 @@ def _judge(bond: str, key: str, to: str, held: str, named: bool) -> BondAllocati
 
 def snapshot_allocations(snap: NodeSnapshot) -> list[BondAllocation]:
     """:func:`bond_allocations` of what ``observe`` read (pod names from the libcni caches)."""
-    from rdma_cni.doctor.inventory import pod_names
-
     bonds = {p.netdev: p.device for p in snap.ports if p.netdev}
     pins = {b.bond: rec.container_id for rec in snap.attachments for b in rec.bonds}
     names: dict[str, str] = {}
@@ -336,8 +266,6 @@ def pods_without_rdma(snap: NodeSnapshot) -> list[BondAllocation]:
     """Pods kubelet gave devices of the resource whose IDs name no bond (a shared plugin's "0", "1"…)
     and that hold no bond at all: their annotation names no RDMA network (or their ADD has not run).
     Bond-named IDs are judged per bond by :func:`snapshot_allocations`."""
-    from rdma_cni.doctor.inventory import pod_names
-
     view = snap.device_plugin
     if view is None or view.pods is None:
         return []

@@ -260,7 +260,7 @@ class NodeCollector(Collector):
         it kept them) the libcni result cache's."""
         if rec.pod_name:
             return rec.pod_namespace, rec.pod_name
-        from rdma_cni.doctor.inventory import pod_names
+        from rdma_cni.doctor.node import pod_names
 
         found = pod_names(self.results_dirs or src.results_dirs, rec.container_id)
         namespace, _, name = found.partition("/")
