@@ -41,7 +41,7 @@ def cycle(graph: dict[str, set[str]]) -> list[str]:
         trail.append(m)
         for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
-                return trail[trail.index(n):] + [n]
+                return [*trail[trail.index(n) :], n]
             if n not in state and (found := visit(n)):
                 return found
         state[m] = 2
