@@ -237,6 +237,7 @@ def test_a_shared_pool_is_healthy_while_any_hca_is() -> None:
     assert not SharedSnapshot(5, hcas, down).healthy
     assert SharedSnapshot(5, hcas, (down[0], DeviceHealth(IB[1], True, ""))).healthy
     assert not SharedSnapshot(5, (), ()).healthy  # selects nothing: registered, never allocatable
+    assert list(device_list(SharedSnapshot(5, (), ())).devices) == []  # and lists no device, as Mellanox
     assert {d.health for d in device_list(SharedSnapshot(5, hcas, down)).devices} == {"Unhealthy"}
 
 

@@ -65,7 +65,7 @@ def _log_pool(spec: PoolSpec, snap: PoolSnapshot) -> None:
         )
         if not snap.hcas:
             log.warning(
-                "pool %s (%s) selects no HCA (%s): registered with its devices Unhealthy",
+                "pool %s (%s) selects no HCA (%s): registered with 0 devices",
                 spec.resource_name,
                 spec.origin,
                 spec.selection(),

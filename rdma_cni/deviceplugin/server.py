@@ -100,8 +100,11 @@ def device_list(snap: PoolSnapshot) -> pb.ListAndWatchResponse:
 
 
 def shared_device_list(snap: SharedSnapshot) -> pb.ListAndWatchResponse:
-    """``count`` devices, all with the pool's health and the NUMA nodes of all its HCAs. Built once
-    per change; 1000 devices are ~20 kB on the wire."""
+    """``count`` devices, all with the pool's health and the NUMA nodes of all its HCAs; none while it
+    selects no HCA (as Mellanox's plugin: nothing to share). Built once per change; 1000 devices
+    are ~20 kB on the wire."""
+    if not snap.hcas:
+        return pb.ListAndWatchResponse()
     health = HEALTHY if snap.healthy else UNHEALTHY
     topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in snap.numa_nodes()])
     devices = [pb.Device(ID=i, health=health, topology=topology if topology.nodes else None)

@@ -11,7 +11,8 @@ InfiniBand port NCCL needs none; NCCL >= 2.21 picks the RoCE v2 IPv4 GID by itse
 network-status annotation.
 
 Every virtual device carries the pool's health (Healthy while any HCA is usable) and TopologyInfo
-listing the NUMA nodes of all its HCAs (kubelet then treats the pool as spanning them).
+listing the NUMA nodes of all its HCAs (kubelet then treats the pool as spanning them). A pool
+that selects no HCA lists no device at all.
 
     resp = device_list(snap)                     # count devices, one health, the HCAs' NUMA nodes
     alloc = allocate(snap, ["17"], cfg)          # AllocationError for an unknown ID or a dead pool
