@@ -280,3 +280,17 @@ def test_bad_config_json_is_one_sentence_and_exit_2() -> None:
         assert proc.wait(60) == 2
         out = subprocess.run(["tail", "-n", "1", p.d.log + ".stderr"], capture_output=True, text=True).stdout
         assert out.startswith("rdma-device-plugin: configList[0].rdmaHcaMax in ") and "= -1 is invalid" in out
+
+
+def test_mode_shared_is_one_pool_of_1000_over_every_bond_of_masters_renamed_by_the_flag() -> None:
+    with pool_node() as p:
+        p.start_with(
+            "mode: shared\n", ["example.com/shared-rdma"], "--resource-name", "example.com/shared-rdma"
+        )
+        ep = p.endpoint("example.com/shared-rdma")
+        _, devs = ep.wait_list(lambda devs: len(devs) == 1000 and all_health(devs, "Healthy"))
+        assert {x.numa for x in devs} == {(0, 1)}
+        resp = ep.allocate(["999"])
+        assert paths(resp) == [*nodes_of(0, 1, 2, 3), "/dev/infiniband/rdma_cm"]  # the bonds, not the IB HCAs
+        assert "NCCL_IB_GID_INDEX" not in resp.container_responses[0].envs
+        assert RESOURCE not in p.d.kubelet.endpoints
