@@ -63,6 +63,9 @@ def _log_pool(spec: PoolSpec, snap: PoolSnapshot) -> None:
             healthy,
             line or "none",
         )
+        for h in snap.health:
+            if not h.healthy:
+                log.warning("%s: HCA %s Unhealthy (%s)", spec.resource_name, h.id, h.reason)
         if not snap.hcas:
             log.warning(
                 "pool %s (%s) selects no HCA (%s): registered with 0 devices",

@@ -58,9 +58,9 @@ def hca_rows(snap: SharedSnapshot) -> list[dict[str, Any]]:
     rows = []
     for hca in snap.hcas:
         h = health.get(hca.id)
-        rows.append({"id": hca.id, "netdevs": list(hca.netdevs), "linkLayer": hca.link_layer, "pci": hca.pci,
-                     "numa": hca.numa, "healthy": bool(h and h.healthy),
-                     "reason": h.reason if h else "no health known"})
+        rows.append({"id": hca.id, "netdev": hca.netdev, "netdevs": list(hca.netdevs),
+                     "linkLayer": hca.link_layer, "pci": hca.pci, "numa": hca.numa,
+                     "healthy": bool(h and h.healthy), "reason": h.reason if h else "no health known"})
     return rows
 
 

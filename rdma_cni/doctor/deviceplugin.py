@@ -37,6 +37,8 @@ def check_device_plugin(view: DevicePluginView | None) -> list[Finding]:
     if view.status is None:
         return [_without_status(view)]
     st = view.status
+    if isinstance(st.get("pools"), list):
+        return check_pools(view, [p for p in st["pools"] if isinstance(p, dict)])
     out = [_registration(view, st)]
     devices = [d for d in st.get("devices", []) if isinstance(d, dict)]
     healthy = [d for d in devices if d.get("healthy") is True]
@@ -63,6 +65,113 @@ def check_device_plugin(view: DevicePluginView | None) -> list[Finding]:
         out.append(_device_line(d))
     out += _kubelet_agrees(view, {str(d.get("id")) for d in healthy})
     return out
+
+
+def check_pools(view: DevicePluginView, pools: list[dict[str, Any]]) -> list[Finding]:
+    """A plugin serving pools: per pool its resource, mode, count, members and health, and whether
+    kubelet has as many allocatable as the pool says. One dead HCA of a live shared pool is a WARN
+    (the pool still works, with fewer HCAs); a pool with none usable is a FAIL."""
+    st = view.status or {}
+    out = [
+        Finding(
+            "device-plugin",
+            OK,
+            f"rdma-device-plugin (pid {st.get('pid', '?')}) serves {len(pools)} "
+            f"pool(s): {', '.join(str(p.get('resourceName')) for p in pools)}",
+        )
+    ]
+    for pool in pools:
+        out += _pool_lines(view, pool)
+    return out
+
+
+def _pool_lines(view: DevicePluginView, pool: dict[str, Any]) -> list[Finding]:
+    name = str(pool.get("resourceName", "?"))
+    check = f"device-plugin {name}"
+    members = [m for m in pool.get("hcas", pool.get("devices", [])) if isinstance(m, dict)]
+    dead = [m for m in members if m.get("healthy") is not True]
+    what = "HCAs" if "hcas" in pool else "bonds"
+    ids = (
+        ", ".join(f"{m.get('id')}{'' if m.get('healthy') is True else ' (UNHEALTHY)'}" for m in members)
+        or "none"
+    )
+    head = (
+        f"{name}: {pool.get('mode', '?')}, {pool.get('count', '?')} devices, {what} {ids}, "
+        f"{'healthy' if pool.get('healthy') else 'UNHEALTHY'}, {pool.get('allocations', 0)} allocations"
+    )
+    out = []
+    if pool.get("registered") is not True:
+        out.append(
+            Finding(
+                check,
+                FAIL,
+                f"{head}; NOT registered with kubelet",
+                "is kubelet running? See the plugin's log for this resource",
+            )
+        )
+    elif not members:
+        out.append(
+            Finding(
+                check,
+                WARN,
+                f"{head}: it selects nothing, pods asking for {name} stay Pending",
+                f"check the pool's selectors ({pool.get('selection', '?')}) against `cni-tool gids`",
+            )
+        )
+    elif not pool.get("healthy"):
+        out.append(
+            Finding(
+                check,
+                FAIL,
+                f"{head}: no member is usable, pods asking for {name} stay Pending",
+                "the members below say why",
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                check,
+                WARN if dead else OK,
+                head,
+                "the pool works with fewer members; fix the ones below" if dead else "",
+            )
+        )
+    for m in dead:
+        out.append(
+            Finding(
+                f"{check} {m.get('id')}",
+                WARN,
+                f"UNHEALTHY: {m.get('reason') or 'no reason given'}",
+                "fix the cause named; kubelet gets it back within a second once it is gone",
+            )
+        )
+    out += _pool_kubelet(view, name, pool, members)
+    return out
+
+
+def _pool_kubelet(
+    view: DevicePluginView, name: str, pool: dict[str, Any], members: list[dict[str, Any]]
+) -> list[Finding]:
+    if view.kubelet_error or view.allocatable_by is None:
+        return []
+    if pool.get("mode") == "shared":
+        want = int(pool.get("count") or 0) if pool.get("healthy") and members else 0
+    else:
+        want = sum(1 for m in members if m.get("healthy") is True)
+    have = view.allocatable_by.get(name, 0)
+    if have == want:
+        return [
+            Finding(f"device-plugin {name} kubelet", OK, f"kubelet: {have} allocatable, as the plugin says")
+        ]
+    return [
+        Finding(
+            f"device-plugin {name} kubelet",
+            WARN,
+            f"kubelet has {have} {name} allocatable, the plugin says {want}",
+            "kubelet has not got the plugin's latest list: check again in a few seconds; "
+            "if it stays, restart rdma-device-plugin",
+        )
+    ]
 
 
 def _without_status(view: DevicePluginView) -> Finding:

@@ -36,6 +36,7 @@ class DevicePluginView:
     pods: dict[PodKey, dict[str, list[str]]] | None  # None: kubelet not asked/answering
     allocatable: list[tuple[str, tuple[int, ...]]] | None  # (device ID, NUMA) of ``resource``
     kubelet_error: str  # "" = answered; ABSENT = no socket; else the client's sentence
+    allocatable_by: dict[str, int] | None = None  # resource -> kubelet's allocatable count (every pool)
 
     def allocated(self) -> dict[str, str]:
         """Device ID of ``resource`` -> "namespace/name" of the pod kubelet gave it to."""
@@ -62,19 +63,22 @@ def observe_device_plugin(
     sock = podresources.socket_path(pod_resources_dir)
     pods: dict[PodKey, dict[str, list[str]]] | None = None
     alloc: list[tuple[str, tuple[int, ...]]] | None = None
+    counts: dict[str, int] | None = None
     kubelet_error = ABSENT
     if podresources.available(sock):
         try:
             pods = podresources.list_pods(sock, timeout)
-            alloc = [
-                (a.device_id, a.numa)
-                for a in podresources.allocatable(sock, timeout)
-                if a.resource == resource
-            ]
+            every = podresources.allocatable(sock, timeout)
+            alloc = [(a.device_id, a.numa) for a in every if a.resource == resource]
+            counts = {}
+            for a in every:
+                counts[a.resource] = counts.get(a.resource, 0) + 1
             kubelet_error = ""
         except CniError as err:
             kubelet_error = err.msg
-    return DevicePluginView(resource, status_path, status, status_error, sock, pods, alloc, kubelet_error)
+    return DevicePluginView(
+        resource, status_path, status, status_error, sock, pods, alloc, kubelet_error, counts
+    )
 
 
 def _read_status(path: str) -> tuple[dict[str, Any] | None, str]:
