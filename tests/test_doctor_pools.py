@@ -107,3 +107,20 @@ def test_an_unregistered_pool_fails_and_an_empty_one_warns(dirs: tuple[str, PodR
     written(d, [True] * 4, ib=False)
     empty = findings(d, server)[f"device-plugin {IB}"]
     assert empty.status == WARN and "selects nothing" in empty.detail and "ifNames=ibs108" in empty.fix
+
+
+def test_a_shared_pools_pod_holding_no_bond_is_not_a_warn(dirs: tuple[str, PodResourcesServer]) -> None:
+    """Seed 002's nccl-test pods are hostNetwork and TKE's shared-mode pods use ipvlan: neither holds
+    a bond of rdma-macvlan's, which for an exclusive resource's pod would mean "no RDMA interface"."""
+    from rdma_cni.doctor.deviceplugin import pods_without_rdma
+    from rdma_cni.doctor.node import NodePaths, NodeSnapshot
+
+    d, server = dirs
+    server.set_pod("default", "nccl-test-bm4lj", {"nccl-test": {IB: ["7"]}})
+    written(d, [True] * 4)
+    view = observe_device_plugin(os.path.dirname(server.socket), d, IB)
+    assert view.pods == {("default", "nccl-test-bm4lj"): {IB: ["7"]}}
+    snap = NodeSnapshot(NodePaths(results_dirs=()), d, d, [], {}, {}, [], [], {}, device_plugin=view)
+    assert pods_without_rdma(snap) == []
+    view.status = {k: v for k, v in (view.status or {}).items() if k != "pools"}  # a one-pool exclusive file
+    assert [a.allocated_to for a in pods_without_rdma(snap)] == ["default/nccl-test-bm4lj"]

@@ -371,13 +371,23 @@ def snapshot_allocations(snap: NodeSnapshot) -> list[BondAllocation]:
     return bond_allocations(snap.device_plugin, bonds, pins, pod_of)
 
 
+def _shared_resource(view: DevicePluginView) -> bool:
+    """The resource is served by a shared pool of this plugin (its status file says so)."""
+    pools = (view.status or {}).get("pools", [])
+    return any(
+        isinstance(p, dict) and p.get("resourceName") == view.resource and p.get("mode") == "shared"
+        for p in pools
+        if isinstance(pools, list)
+    )
+
+
 def pods_without_rdma(snap: NodeSnapshot) -> list[BondAllocation]:
     """Pods kubelet gave devices of the resource whose IDs name no bond (a shared plugin's "0", "1"…)
     and that hold no bond at all: their annotation names no RDMA network (or their ADD has not run).
     Bond-named IDs are judged per bond by :func:`snapshot_allocations`."""
     view = snap.device_plugin
-    if view is None or view.pods is None:
-        return []
+    if view is None or view.pods is None or _shared_resource(view):
+        return []  # a shared pool's pods hold no bond of rdma-macvlan's (ipvlan, or hostNetwork)
     bond_ids = {p.device for p in snap.ports} | {p.netdev for p in snap.ports if p.netdev}
     holders = {pod_names(snap.paths.results_dirs, rec.container_id) for rec in snap.attachments}
     out = []
