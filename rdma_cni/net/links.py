@@ -88,7 +88,9 @@ def create_macvlan(
     host.macvlan_add(name, parent_index, netns_fd, mode, mac, group)
 
 
-def create_ipvlan(host: RtnlSocket, parent_index: int, netns_fd: int, name: str, mode: str, group: int = 0) -> None:
+def create_ipvlan(
+    host: RtnlSocket, parent_index: int, netns_fd: int, name: str, mode: str, group: int = 0
+) -> None:
     """Create an ipvlan on ``parent_index`` straight into the netns behind ``netns_fd`` (as
     :func:`create_macvlan`); it shares the parent's MAC, the parent demuxes its traffic by IP."""
     host.ipvlan_add(name, parent_index, netns_fd, mode, group)
