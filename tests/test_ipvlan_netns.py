@@ -67,7 +67,9 @@ def test_pods_share_every_bond_with_their_own_addresses_ping_and_del_leaves_the_
     assert s.state_files() == []
 
 
-def test_each_bond_gets_a_pod_table_with_its_routes_from_the_pod_address_and_from_rules(node_ns: Node) -> None:
+def test_each_bond_gets_a_pod_table_with_its_routes_from_the_pod_address_and_from_rules(
+    node_ns: Node,
+) -> None:
     n = node_ns
     s = Shared(n)
     s.bonds(2)
@@ -150,7 +152,9 @@ def test_ranges_and_exclude_bound_what_pods_get(node_ns: Node) -> None:
         assert s.plugin("DEL", conf, pods[i], container_id=f"c{i}").code == 0
 
 
-def test_a_range_outside_the_subnet_or_an_unknown_master_is_error_7_and_changes_nothing(node_ns: Node) -> None:
+def test_a_range_outside_the_subnet_or_an_unknown_master_is_error_7_and_changes_nothing(
+    node_ns: Node,
+) -> None:
     n = node_ns
     s = Shared(n)
     s.bonds(1)
