@@ -13,10 +13,8 @@ lists. STATUS: could an ADD succeed now (a master that exists, holds a subnet, h
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,6 +39,7 @@ from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.pod_links import pick_link_group
 from rdma_cni.net.rtnl import Record, attr
 from rdma_cni.plugins.ipvlan import tx
+from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses, no_ipv4
 from rdma_cni.plugins.ipvlan.config import Pools, check_ranges, parse_config, parse_del_config
 from rdma_cni.plugins.ipvlan.pool import IPAddress, Subnet, choose, free_count
 from rdma_cni.rdma import gid, mode, records, sysfs
@@ -138,9 +137,9 @@ class IpvlanPlugin:
             host, [(v.link.index, {addresses.ip_of(a) for a in held[v.link.index]}) for v in views])
         for v, bond_routes in zip(views, found, strict=True):
             v.routes = bond_routes
-            v.subnets = _subnets_of(v.link.name, held[v.link.index], bond_routes)
+            v.subnets = bond_subnets(v.link.name, held[v.link.index], bond_routes)
             if not v.subnets:
-                raise _no_ipv4(v.link.name)
+                raise no_ipv4(v.link.name)
             for subnet, _ in v.subnets:
                 check_ranges(subnet, pools.ranges.get(v.link.name, []))
         return views
@@ -151,7 +150,7 @@ class IpvlanPlugin:
     ) -> AttachmentRecord:
         """Under the node lock: choose each bond's pod addresses against what every record holds
         and record them (the write-ahead record: from here they are held, until DEL frees them)."""
-        held = _held(state)
+        held = held_addresses(state)
         rec = AttachmentRecord(
             container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=inode,
             cni_version=req.cni_version, network=req.name,
@@ -179,7 +178,7 @@ class IpvlanPlugin:
         ip = choose(subnet, spans, pools.exclude, held[subnet.bond])
         if ip is None and self._reclaim_dead(req, cfg, state):
             held.clear()
-            held.update(_held(state))
+            held.update(held_addresses(state))
             ip = choose(subnet, spans, pools.exclude, held[subnet.bond])
         if ip is not None:
             return ip
@@ -330,7 +329,7 @@ class IpvlanPlugin:
             raise CniError(STATUS_UNAVAILABLE, f"state dir unusable: {exc}") from exc
         ports = sysfs.list_ports(cfg.sysfs_root)
         masters = _masters(cfg, ports)
-        held = _held(state)
+        held = held_addresses(state)
         host = netlink_in(None)
         reasons = []
         try:
@@ -341,9 +340,9 @@ class IpvlanPlugin:
                 if link is None:
                     raise CniError(INVALID_CONFIG, f"config key 'masters' names {m!r}, but it does not exist "
                                    "on this node: list the node's bond netdevs (`ip link`)")
-                subnets = _subnets_of(m, snaps[link.index], [])
+                subnets = bond_subnets(m, snaps[link.index], [])
                 if not subnets:
-                    reasons.append(_no_ipv4(m).msg)
+                    reasons.append(no_ipv4(m).msg)
                 for subnet, _ in subnets:
                     if free_count(subnet, pools.ranges.get(m, []), pools.exclude, held[m]) <= 0:
                         reasons.append(f"{m}'s subnet {subnet.network} has no free address")
@@ -367,43 +366,6 @@ def _masters(cfg: IpvlanConfig, ports: list[sysfs.RdmaPort]) -> list[str]:
         "config key 'masters' is missing and no RDMA device backs a netdev on this node: "
         'list the bonds, e.g. "masters": ["bond0"]',
     )
-
-
-def _subnets_of(bond: str, held: list[Record], bond_routes: list[Record]) -> list[tuple[Subnet, int]]:
-    """The bond's IPv4 subnet (its first address's connected prefix) and, when it holds a global
-    IPv6, that subnet too; each with what on it is never a pod's: the bond's own addresses and its
-    routes' gateways."""
-    own: set[IPAddress] = {ipaddress.ip_address(addresses.ip_of(a)) for a in held}
-    gateways = {ipaddress.ip_address(str(attr(r, "RTA_GATEWAY")))
-                for r in bond_routes if attr(r, "RTA_GATEWAY")}
-    out: list[tuple[Subnet, int]] = []
-    for ipv6 in (False, True):
-        first = next((a for a in held if addresses.is_ipv6(a) == ipv6), None)
-        if first is None:
-            continue
-        net = ipaddress.ip_network(addresses.network_of(first))
-        if ipv6 and (net.is_link_local or net.prefixlen >= 127):
-            continue
-        out.append((Subnet(bond, net, frozenset(own | gateways)), first["prefixlen"]))
-    return out if out and out[0][0].network.version == 4 else []
-
-
-def _no_ipv4(bond: str) -> CniError:
-    return CniError(
-        TRY_AGAIN_LATER,
-        f"{bond} holds no IPv4 address: its subnet is what shared-mode pods get their addresses from",
-        "give the bond its address (the node's network config), or remove it from 'masters'",
-    )
-
-
-def _held(state: NodeState) -> dict[str, dict[IPAddress, Attachment]]:
-    """bond -> every address a recorded attachment holds on it -> that attachment."""
-    out: dict[str, dict[IPAddress, Attachment]] = defaultdict(dict)
-    for rec in state.attachments():
-        for b in rec.bonds:
-            for a in b.addresses:
-                out[b.bond][ipaddress.ip_address(addresses.ip_of(a))] = rec.key
-    return out
 
 
 def _plan_rdma(cfg: IpvlanConfig, rec: AttachmentRecord, ports: list[sysfs.RdmaPort]) -> None:
