@@ -352,3 +352,40 @@ def test_a_pod_address_is_never_another_nodes_gateway_or_the_bonds_own_secondary
     out = add(s, conf, n.pod(), "c1")
     assert addresses_by_bond(out) == {"bond0": ["198.51.100.5"]}
     assert ipaddress.ip_address("198.51.100.5") in ipaddress.ip_network("198.51.100.0/28")
+
+
+COLD = """
+import json, sys
+from rdma_cni.cli.ipvlan import SPEC
+from rdma_cni.cni import dispatch
+out, code = dispatch.run(json.loads(sys.argv[1]), sys.argv[2].encode(), SPEC)
+print(json.dumps({"code": code, "out": out, "pyroute2": any(m.startswith("pyroute2") for m in sys.modules)}))
+"""
+
+
+@pytest.mark.in_process_only
+def test_a_cold_add_and_del_with_ipv4_and_ipv6_load_no_pyroute2(node_ns: Node) -> None:
+    """Every address, route and rule rdma-ipvlan sends is one rtcodec encodes: a cold ADD/DEL (the
+    fallback when no agent answers) pays for no pyroute2 import (~250 ms)."""
+    import json
+    import os
+    import sys
+
+    from netns import REPO
+
+    n = node_ns
+    s = Shared(n)
+    s.bonds(2, v6=True)
+    pod = n.pod()
+    conf = s.config(masters=masters(2))
+    for command in ("ADD", "DEL"):
+        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "cold", "CNI_NETNS": pod.path, "CNI_IFNAME": "net1",
+               "CNI_PATH": "/usr/lib/cni"}
+        proc = subprocess.run(
+            ["ip", "netns", "exec", n.name, sys.executable, "-c", COLD, json.dumps(env), json.dumps(conf)],
+            capture_output=True, text=True, cwd="/", check=True,
+            env={**os.environ, "PYTHONPATH": REPO, "RDMA_CNI_AGENT": "off"},
+        )  # fmt: skip
+        got = json.loads(proc.stdout)
+        assert got["code"] == 0 and got["pyroute2"] is False, (command, got)
+    assert s.held() == {}
