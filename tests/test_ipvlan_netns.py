@@ -389,3 +389,18 @@ def test_a_cold_add_and_del_with_ipv4_and_ipv6_load_no_pyroute2(node_ns: Node) -
         got = json.loads(proc.stdout)
         assert got["code"] == 0 and got["pyroute2"] is False, (command, got)
     assert s.held() == {}
+
+
+def test_two_bonds_on_one_subnet_never_give_one_address_twice(node_ns: Node) -> None:
+    """Bonds on one subnet share one segment: no pod address is another bond's own, and no two
+    children (of any bond) get the same address."""
+    n = node_ns
+    s = Shared(n)
+    n.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
+    n.bond("bond1", "198.51.100.3/28")
+    conf = s.config(masters=masters(2), exclude=["198.51.100.1"])
+    outs = [add(s, conf, n.pod(), f"c{i}") for i in range(2)]
+    assert [addresses_by_bond(o) for o in outs] == [
+        {"bond0": ["198.51.100.4"], "bond1": ["198.51.100.5"]},
+        {"bond0": ["198.51.100.6"], "bond1": ["198.51.100.7"]},
+    ]
