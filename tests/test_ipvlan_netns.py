@@ -84,6 +84,11 @@ def test_each_bond_gets_a_pod_table_with_its_routes_from_the_pod_address_and_fro
         assert (f"198.51.100.{16 * b}/28", None, f"198.51.100.{16 * b + 3}") in dsts
     # a copy of the bond's route reaches its network from the pod's address, not the bond's
     assert n.ping(pod, "198.51.100.1", iface="bond0")
+    # each child answers ARP only for its own address (no ARP flux between bonds of one subnet)
+    for bond in ("bond0", "bond1"):
+        conf = {k: n.pod_exec(pod, "cat", f"/proc/sys/net/ipv4/conf/{bond}/{k}").stdout.strip()
+                for k in ("arp_ignore", "arp_announce", "arp_notify")}
+        assert conf == {"arp_ignore": "1", "arp_announce": "2", "arp_notify": "1"}, (bond, conf)
 
 
 def test_two_then_twelve_pods_fill_a_28_and_the_next_is_error_11_naming_bond_subnet_and_holders(
