@@ -409,3 +409,25 @@ def test_two_bonds_on_one_subnet_never_give_one_address_twice(node_ns: Node) -> 
         {"bond0": ["198.51.100.4"], "bond1": ["198.51.100.5"]},
         {"bond0": ["198.51.100.6"], "bond1": ["198.51.100.7"]},
     ]
+
+
+def test_concurrent_adds_each_get_addresses_of_their_own_and_concurrent_dels_free_them(node_ns: Node) -> None:
+    from netns import finish
+
+    n = node_ns
+    s = Shared(n)
+    s.bonds(2)
+    conf = s.config(masters=masters(2))
+    before = n.snapshot()
+    pods = [n.pod() for _ in range(6)]
+    procs = [s.start("ADD", conf, pod, container_id=f"cc{i}") for i, pod in enumerate(pods)]
+    outs = [finish(p) for p in procs]
+    assert all(o.code == 0 for o in outs), [o.stdout for o in outs if o.code]
+    got = [addresses_by_bond(o.out) for o in outs]
+    for bond in ("bond0", "bond1"):
+        ips = [g[bond][0] for g in got]
+        assert len(set(ips)) == 6, (bond, ips)
+    assert {ip for per in s.held().values() for ip in per} == {g[b][0] for g in got for b in g}
+    procs = [s.start("DEL", conf, pod, container_id=f"cc{i}") for i, pod in enumerate(pods)]
+    assert all(finish(p).code == 0 for p in procs)
+    assert s.held() == {} and n.snapshot() == before

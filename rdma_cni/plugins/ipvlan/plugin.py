@@ -182,8 +182,12 @@ class IpvlanPlugin:
         spans = pools.ranges.get(subnet.bond, [])
         ip = choose(subnet, spans, pools.exclude, node_wide(held))
         if ip is None and self._reclaim_dead(req, cfg, state):
+            ours = [(bond, a) for bond, per in held.items() for a, att in per.items()
+                    if att == req.attachment]
             held.clear()
             held.update(held_addresses(state))
+            for bond, a in ours:  # what this ADD chose for its earlier bonds is not on disk yet
+                held[bond][a] = req.attachment
             ip = choose(subnet, spans, pools.exclude, node_wide(held))
         if ip is not None:
             return ip
