@@ -28,8 +28,16 @@ def test_reconcile_frees_only_the_addresses_of_pods_whose_netns_is_gone(node_ns:
     assert s.plugin("ADD", conf, doomed, container_id="doomed").code == 0
     n.delete_pod(doomed)  # the runtime never calls DEL
     sock, log = os.path.join(n.tmp, "reconcile.sock"), os.path.join(n.tmp, "reconcile.log")
-    agent = launch_agent(sock, log, "--conf-dir", conf_dir, "--reconcile-interval", "0", netns=n.name,
-                         env=dict(os.environ, PYTHONPATH=REPO))
+    agent = launch_agent(
+        sock,
+        log,
+        "--conf-dir",
+        conf_dir,
+        "--reconcile-interval",
+        "0",
+        netns=n.name,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     try:
         deadline = time.monotonic() + 60
         while "doomed" in json.dumps(s.held()) and time.monotonic() < deadline:
