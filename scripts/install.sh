@@ -44,7 +44,7 @@ host_root=""
 sa_kubeconfig=0
 uninstall=0
 force=0
-names="rdma-macvlan rdma-multus cni-tool rdma-agent"
+names="rdma-macvlan rdma-ipvlan rdma-multus cni-tool rdma-agent"
 state_dir=/var/lib/cni/rdma-macvlan
 
 while [ $# -gt 0 ]; do

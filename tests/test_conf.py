@@ -58,7 +58,7 @@ def libcni_problems(path: Path, data: dict[str, Any]) -> list[str]:
 
 def test_every_cni_file_parses_and_follows_libcni_rules() -> None:
     files = cni_files()
-    assert len(files) == 4, files
+    assert len(files) == 5, files  # + conf/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf
     for path in files:
         assert libcni_problems(path, load(path)) == [], path
 
@@ -153,3 +153,15 @@ def test_delegate_config_uses_only_documented_keys() -> None:
         assert set(raw) <= documented, set(raw) - documented
         assert set(raw["rdma"]) <= rdma_keys
         assert raw["rdma"]["netnsMode"] == "shared" and raw["rdma"]["required"] is True
+
+
+def test_shared_mode_delegate_config_is_accepted_by_rdma_ipvlan() -> None:
+    from rdma_cni.plugins.ipvlan.config import parse_config
+
+    raw = load(CONF / "shared-mode" / "rdma-multus.d" / "tke-rdma-ipvlan.conf")
+    cfg, pools = parse_config(raw)
+    assert (raw["name"], raw["type"]) == ("tke-rdma-ipvlan", "rdma-ipvlan")
+    assert raw["resourceName"] == RDMA_RESOURCE  # Multus's convention: the shared pool it goes with
+    assert (cfg.link, cfg.ipvlan_mode, cfg.rdma.required) == ("ipvlan", "l2", True)
+    assert (cfg.data_dir, cfg.run_dir) == ("/var/lib/cni/rdma-ipvlan", "/run/rdma-cni")
+    assert pools.ranges == {} and pools.exclude == []

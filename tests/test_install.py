@@ -781,3 +781,21 @@ def test_bundled_device_plugin_serves_seed_002s_mellanox_pool(bundle: Path, tmp_
         assert proc.returncode == 0, err.decode()[-2000:]
         assert out == b""
         assert "ibs108 of mlx5_0 is missing" in err.decode()
+
+
+def test_bundle_ships_rdma_ipvlan_frozen_with_its_config_model(bundle: Path, tmp_path: Path) -> None:
+    """rdma-ipvlan (shared mode) is a plugin of the bundle like rdma-macvlan: the thin client's
+    name, installed into the CNI bin dir, answering VERSION and refusing a bad config with its
+    own error 7 (so its pydantic model is frozen in)."""
+    assert os.readlink(bundle / "rdma-ipvlan") == "rdma-cni-client"
+    bin_dir = _installed(bundle, tmp_path / "root")
+    assert os.readlink(bin_dir / "rdma-ipvlan") == "rdma-cni.d/current/rdma-ipvlan"
+    env = bare_env(tmp_path, CNI_COMMAND="VERSION")
+    proc = _version(bin_dir, "rdma-ipvlan", env)
+    assert proc.returncode == 0 and "1.1.0" in json.loads(proc.stdout)["supportedVersions"], proc.stderr
+    conf = {"cniVersion": "1.1.0", "name": "tke-rdma-ipvlan", "type": "rdma-ipvlan", "link": "vxlan",
+            "logFile": ""}
+    env = bare_env(tmp_path, CNI_COMMAND="STATUS", CNI_PATH=str(bin_dir))
+    proc = _run([str(bin_dir / "rdma-ipvlan")], env=env, input=json.dumps(conf))
+    answer = json.loads(proc.stdout)
+    assert proc.returncode == 1 and answer["code"] == 7 and "'link'" in answer["msg"], proc.stdout

@@ -127,6 +127,17 @@ def test_rdma_bond_interfaces_carry_device_info_from_the_gid_record(tmp_path: Pa
     assert ms.rdma_device_info(other, "c1")("bond0") is None  # not an rdma-macvlan network
 
 
+def test_shared_mode_interfaces_carry_the_pod_addresses_own_gid_index(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    entry = GidEntry("mlx5_bond_0", 1, 7, "::ffff:198.51.100.4", "ROCE_V2", "bond0", "198.51.100.4")
+    records.write_pod_record(str(run_dir), "c2", "bond0", entry, uverbs="uverbs0", mode="shared")
+    plugin = {"type": "rdma-ipvlan", "runDir": str(run_dir), "sysfsRoot": str(tmp_path / "sys")}
+    config = json.dumps({"cniVersion": "1.0.0", "name": "tke-rdma-ipvlan", "plugins": [plugin]}).encode()
+    info = ms.rdma_device_info(config, "c2")("bond0")
+    assert info is not None and info["rdma"] == {"device": "mlx5_bond_0", "port": 1, "gid-index": 7,
+                                                 "gid": "::ffff:198.51.100.4"}
+
+
 def test_publish_counts_failures_and_never_raises(tmp_path: Path) -> None:
     calls: list[dict[str, str]] = []
 

@@ -16,6 +16,7 @@ log = logging.getLogger("rdma-agent")
 # executable name -> "module:attribute" of its PluginSpec
 KNOWN: dict[str, str] = {
     "rdma-macvlan": "rdma_cni.cli.macvlan:SPEC",
+    "rdma-ipvlan": "rdma_cni.cli.ipvlan:SPEC",
     "rdma-multus": "rdma_cni.cli.multus:SPEC",
 }
 

@@ -150,10 +150,13 @@ def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object
 
     def body() -> None:
         # Imported here, in the metrics process only: the parent and its workers never load it.
-        from rdma_cni.agent.metrics.node import NodeCollector, sources_of
+        from rdma_cni.agent.metrics.node import NodeCollector, Sources, sources_of
         from rdma_cni.agent.metrics.server import serve
 
-        serve(listener, events, NodeCollector(lambda: sources_of(n.conf for n in reconciler.networks())))
+        def sources() -> Sources:
+            return sources_of((n.conf for n in reconciler.networks()), reconciler.conf_dir)
+
+        serve(listener, events, NodeCollector(sources))
 
     agent.metrics = body
     agent.metrics_sockets = [listener, events]

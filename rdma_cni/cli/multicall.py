@@ -1,9 +1,9 @@
 """The single entry point of the PyInstaller bundle: one frozen program, several command names.
 
 ``scripts/build`` freezes this module once (onedir: nothing to unpack per run, unlike onefile) and
-links ``rdma-macvlan``, ``rdma-multus`` and ``cni-tool`` to it. The runtime execs a plugin by the name
-it looked up, so the basename of ``argv[0]`` says which command to run. Each command is imported only
-when chosen: VERSION of one plugin never pays for another's imports.
+links ``rdma-macvlan``, ``rdma-ipvlan``, ``rdma-multus`` and ``cni-tool`` to it. The runtime execs a
+plugin by the name it looked up, so the basename of ``argv[0]`` says which command to run. Each
+command is imported only when chosen: VERSION of one plugin never pays for another's imports.
 
     $ ln -s rdma-cni rdma-macvlan && CNI_COMMAND=VERSION ./rdma-macvlan
 """
@@ -19,6 +19,12 @@ BUNDLE_NAME = "rdma-cni"
 
 def _macvlan() -> None:
     from rdma_cni.cli.macvlan import main
+
+    main()
+
+
+def _ipvlan() -> None:
+    from rdma_cni.cli.ipvlan import main
 
     main()
 
@@ -49,6 +55,7 @@ def _device_plugin() -> None:
 
 COMMANDS: dict[str, Callable[[], None]] = {
     "rdma-macvlan": _macvlan,
+    "rdma-ipvlan": _ipvlan,
     "rdma-multus": _multus,
     "cni-tool": _tool,
     "rdma-agent": _agent,

@@ -48,3 +48,11 @@ class CniError(Exception):
 
     def __repr__(self) -> str:
         return f"CniError({self.code}, {self.msg!r})"
+
+
+class ConfigKeyError(CniError):
+    """Error 7 about one config key (``key``, dotted for nested ones): DEL can leave that key out."""
+
+    def __init__(self, key: str, msg: str) -> None:
+        super().__init__(INVALID_CONFIG, msg)
+        self.key = key

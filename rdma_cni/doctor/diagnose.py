@@ -11,6 +11,7 @@ from rdma_cni.doctor import (
     install_checks,
     metrics_checks,
     rdma_checks,
+    shared_pools,
     state_checks,
 )
 from rdma_cni.doctor.findings import Finding
@@ -25,6 +26,7 @@ CHECKS = (
     host_checks.check_bonds,
     rdma_checks.check_gids,
     state_checks.check_state,
+    shared_pools.check_shared_pools,
     deviceplugin.check_plugin,
     deviceplugin.check_allocations,
     host_checks.check_topology_manager,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rdma_cni.cni.errors import INVALID_CONFIG, CniError
+from rdma_cni.cni.errors import ConfigKeyError as ConfigKeyError  # moved there: shared by the plugins
 from rdma_cni.cni.invoke import is_plain_name
 
 if TYPE_CHECKING:
@@ -38,14 +38,6 @@ FIXES = {
     "logFile": "a file path, or \"\" for stderr only",
     "logLevel": 'one of "debug", "info", "warning", "error"',
 }
-
-
-class ConfigKeyError(CniError):
-    """Error 7 about one config key (``key``, dotted for nested ones): DEL can leave that key out."""
-
-    def __init__(self, key: str, msg: str) -> None:
-        super().__init__(INVALID_CONFIG, msg)
-        self.key = key
 
 
 def parse_config(raw: dict[str, Any]) -> MacvlanConfig:

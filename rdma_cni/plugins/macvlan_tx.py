@@ -26,21 +26,32 @@ test sends SIGCONT (to hold a call in flight and race others against it). Steps,
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import secrets
-import signal
-import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni.cni.errors import NETLINK_FAILURE, CniError
+from rdma_cni.failpoints import Failpoints as Failpoints  # moved there (shared): still tx.Failpoints
 from rdma_cni.net import addresses, links, pod_routing, routes, rtnl
 from rdma_cni.net.announce import announce_ipv6, arm_arp_notify
-from rdma_cni.net.netns import Netns, NetnsUnavailable, netlink_in, open_netns
+from rdma_cni.net.netns import Netns
 from rdma_cni.net.nlsock import RtnlSocket
+from rdma_cni.net.pod_links import (  # moved there: shared with rdma-ipvlan; the names stay here too
+    LINK_GROUP_FIRST as LINK_GROUP_FIRST,
+)
+from rdma_cni.net.pod_links import (
+    LINK_GROUP_SPAN as LINK_GROUP_SPAN,
+)
+from rdma_cni.net.pod_links import (
+    delete_pod_links,
+    delete_pod_rules,
+    recorded_netns,
+)
+from rdma_cni.net.pod_links import (
+    pick_link_group as pick_link_group,
+)
 from rdma_cni.net.rtnl import attr
 from rdma_cni.state import AddressDrift, AttachmentRecord, BondRecord, bond_drift
 
@@ -53,37 +64,6 @@ ADD_STEPS = (
 DEL_STEPS = ("del-locked", "del-pod-cleaned", "del-host-restored")
 POD_TABLE_BASE = 100  # pod-side per-bond routing tables: the first free ones from 100 up
 POD_RULE_PRIORITY = 100
-LINK_GROUP_FIRST = 1 << 16  # pod interfaces' link groups: 65536 ... 2**31-1 (hashed start, then probed)
-LINK_GROUP_SPAN = (1 << 31) - LINK_GROUP_FIRST
-
-
-class Failpoints:
-    """``RDMA_CNI_FAILPOINT``: kill -9 ourselves at a named step (crash-safety tests only)."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        spec = env.get("RDMA_CNI_FAILPOINT", "")
-        spec, _, action = spec.partition(":")
-        self.error = action == "error"
-        self.stop = action == "stop"
-        step, _, nth = spec.partition("#")
-        self.step = step
-        self.nth = int(nth) if nth.isdigit() else 1
-        self.seen = 0
-
-    def hit(self, step: str) -> None:
-        if step != self.step:
-            return
-        self.seen += 1
-        if self.seen == self.nth:
-            if self.error:
-                log.warning("failpoint %s#%d: injected error", step, self.nth)
-                raise OSError(errno.EIO, f"injected failure at {step}")
-            if self.stop:
-                log.warning("failpoint %s#%d: SIGSTOP", step, self.nth)
-                os.kill(os.getpid(), signal.SIGSTOP)
-                return
-            log.warning("failpoint %s#%d: SIGKILL", step, self.nth)
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def temp_name() -> str:
@@ -250,69 +230,6 @@ def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int) -> None:
             raise pod_routing.RouteClash(pod_routing.describe(ours, names) + " (from IPAM)",
                                          pod_routing.describe(theirs, names))
         pod_routing.install(ctx.pod, "route", ipam)
-
-
-def delete_pod_rules(rec: AttachmentRecord, ns: Netns) -> None:
-    """The ``from <address>`` rules ADD created: unlike routes they do not go with the interface."""
-    rules = [r for b in rec.bonds for r in b.pod_rules]
-    if not rules:
-        return
-    pod = netlink_in(ns)
-    try:
-        pod_routing.remove_rules(pod, rules)
-    finally:
-        pod.close()
-
-
-def recorded_netns(rec: AttachmentRecord, netns_path: str) -> Netns | None:
-    """The pod netns, opened, if it still exists and is the recorded one (inode); else None."""
-    for path in [p for p in dict.fromkeys([netns_path, rec.netns]) if p]:
-        try:
-            ns = open_netns(path)
-        except NetnsUnavailable as exc:
-            log.info("pod netns %s: %s; its interfaces went with it", path, exc.msg)
-            continue
-        if ns.inode == rec.netns_inode:
-            return ns
-        log.warning("netns %s is now another namespace (inode %d, recorded %d): not touched",
-                    path, ns.inode, rec.netns_inode)
-        ns.close()
-    return None
-
-
-def pick_link_group(rec: AttachmentRecord, pod_links: list[links.Link]) -> int:
-    """The link group for this attachment's pod interfaces: one that no link of the pod netns is in
-    (``eth0`` and ``lo`` stay in group 0), starting from a number hashed from the attachment, above
-    the small numbers an admin would pick by hand. Two attachments of one pod whose ADDs overlap
-    (neither's links exist yet when the other looks) start from different numbers; should they
-    still meet, DEL sees a stranger in the group and deletes one by one (delete_together)."""
-    taken = {link.group for link in pod_links}
-    start = LINK_GROUP_FIRST + zlib.crc32(f"{rec.container_id}@{rec.ifname}".encode()) % LINK_GROUP_SPAN
-    return links.free_group(taken, start)
-
-
-def delete_pod_links(rec: AttachmentRecord, ns: Netns) -> None:
-    """Delete the attachment's pod interfaces, all of them with one request by link group (one
-    kernel grace period for all bonds), verified by index; one by one when that cannot be done."""
-    pod = netlink_in(ns)
-    try:
-        present = links.all_links(pod)
-        names = {name for b in rec.bonds for name in (b.pod_ifname, b.temp_name)}
-        # Ours: a macvlan with one of our names (nothing else has that name in this netns).
-        ours = [link for link in present if link.name in names and link.kind == "macvlan"]
-        done = links.delete_together(pod, ours, rec.link_group, present)
-        if done.batched:
-            log.debug("pod interfaces %s of %s/%s deleted with one request (link group %d)",
-                      [link.name for link in ours], rec.container_id, rec.ifname, rec.link_group)
-        elif ours and rec.link_group:
-            log.warning("pod interfaces of %s/%s deleted one by one: %s", rec.container_id, rec.ifname,
-                        done.why)
-        if done.others_gone:
-            log.error("while deleting the pod interfaces of %s/%s, %s vanished too (put into link group %d "
-                      "by someone else?)", rec.container_id, rec.ifname, ", ".join(done.others_gone),
-                      rec.link_group)
-    finally:
-        pod.close()
 
 
 def restore_host(host: Any, b: BondRecord) -> tuple[list[str], AddressDrift | None]:

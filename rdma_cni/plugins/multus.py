@@ -282,9 +282,36 @@ def _plan(req: Request, cfg: MultusConfig, pod: PodView, wanted: Sequence[_Wante
         located = _resource_plugin(net)
         claimed = claimed or (located is not None and located[1] == cfg.rdma_resource)
         delegates.append(_delegate(req, net, w, pod))
+        if any(p.get("type") == SHARED_PLUGIN for p in net.plugins):
+            _check_shared_devices(cfg, pod, net.name, located[1] if located else cfg.rdma_resource)
     if not claimed:
         _check_unclaimed_devices(cfg, pod)
     return delegates
+
+
+SHARED_PLUGIN = "rdma-ipvlan"  # shared mode: every pod a child of every bond, the shared pool's devices
+SHARED_NETWORK = "tke-rdma-ipvlan"
+EXCLUSIVE_NETWORK = "tke-rdma-macvlan"
+
+
+def _check_shared_devices(cfg: MultusConfig, pod: PodView, network: str, resource: str) -> None:
+    """A shared-mode network without the shared pool's devices still gets its interfaces (they
+    carry TCP fine), but the pod sees no RDMA device: a WARN, judged from the checkpoint only."""
+    if pod.annotation_read and not pod.checkpoint_devices().get(resource):
+        log.warning(
+            "pod %s/%s names network %s but holds no %s device: it gets its interfaces, but will see no "
+            "RDMA device (request the resource %s in the pod spec)",
+            pod.namespace, pod.name, network, resource, resource,
+        )  # fmt: skip
+
+
+def _rdma_network_hint(cfg: MultusConfig) -> str:
+    """The RDMA network this node's delegate configs offer: shared mode's when its config is there."""
+    for name in (SHARED_NETWORK, EXCLUSIVE_NETWORK):
+        files = (os.path.join(cfg.conf_dir, name + ext) for ext in (".conf", ".conflist", ".json"))
+        if any(os.path.exists(f) for f in files):
+            return name
+    return EXCLUSIVE_NETWORK
 
 
 def _check_unclaimed_devices(cfg: MultusConfig, pod: PodView) -> None:
@@ -312,8 +339,8 @@ def _check_unclaimed_devices(cfg: MultusConfig, pod: PodView) -> None:
     if ids:
         log.warning(
             "%s holds %d %s device(s) (%s) but its %s annotation names no network using them: it starts "
-            "without RDMA interfaces (add the RDMA network, e.g. tke-rdma-macvlan, to the annotation)",
-            who, len(ids), cfg.rdma_resource, ", ".join(ids), cfg.annotation,
+            "without RDMA interfaces (add the RDMA network, e.g. %s, to the annotation)",
+            who, len(ids), cfg.rdma_resource, ", ".join(ids), cfg.annotation, _rdma_network_hint(cfg),
         )  # fmt: skip
 
 

@@ -86,7 +86,8 @@ def render(entries: Sequence[Mapping[str, Any]]) -> str:
 
 
 def rdma_device_info(delegate_config: bytes, container_id: str) -> DeviceInfoFor:
-    """device-info for the interfaces rdma-macvlan made in this attachment, from its GID records."""
+    """device-info for the interfaces rdma-macvlan or rdma-ipvlan made in this attachment, from their
+    GID records (shared mode's carry the pod address's own index: what an older NCCL reads)."""
     run_dir, sysfs_root = _macvlan_dirs(delegate_config)
 
     def lookup(ifname: str) -> dict[str, Any] | None:
@@ -205,14 +206,15 @@ def _ip(cidr: str) -> str:
 
 
 def _macvlan_dirs(config: bytes) -> tuple[str | None, str]:
-    """rdma-macvlan's ``runDir`` and ``sysfsRoot`` in a network's config; (None, ...) if it has none."""
+    """rdma-macvlan's (or rdma-ipvlan's) ``runDir`` and ``sysfsRoot`` in a network's config; (None, ...)
+    if it has none."""
     try:
         raw = json.loads(config)
     except ValueError:
         return None, "/sys"
     plugins = raw.get("plugins") if isinstance(raw, dict) else None
     for plugin in plugins if isinstance(plugins, list) else [raw]:
-        if isinstance(plugin, dict) and plugin.get("type") == "rdma-macvlan":
+        if isinstance(plugin, dict) and plugin.get("type") in ("rdma-macvlan", "rdma-ipvlan"):
             run_dir = plugin.get("runDir")
             sysfs_root = plugin.get("sysfsRoot")
             return (

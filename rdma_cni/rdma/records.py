@@ -53,10 +53,12 @@ def _ensure_dirs(*paths: str) -> None:
 
 def pod_record(
     container_id: str, ifname: str, entry: GidEntry | None, uverbs: str | None = None,
-    entry6: GidEntry | None = None,
+    entry6: GidEntry | None = None, mode: str | None = None,
 ) -> dict[str, Any]:
     """``gidIndex`` is the IPv4 GID's (what NCCL_IB_GID_INDEX names), or the IPv6 one on an
-    IPv6-only interface; ``gidIndexIPv6``/``gidIPv6``/``ipv6`` note the IPv6 GID when there is one."""
+    IPv6-only interface; ``gidIndexIPv6``/``gidIPv6``/``ipv6`` note the IPv6 GID when there is one.
+    ``mode`` (``shared``: rdma-ipvlan, the pod's own address and so its own, dynamic index) is
+    written when given; a record without it is exclusive mode's (the host's index)."""
     main = entry or entry6
     if main is None:
         raise ValueError("a pod GID record needs an IPv4 or an IPv6 GID")
@@ -74,17 +76,19 @@ def pod_record(
     }
     if entry6 is not None:
         out.update({"gidIndexIPv6": entry6.index, "gidIPv6": entry6.gid, "ipv6": entry6.gid})
+    if mode is not None:
+        out["mode"] = mode
     return out
 
 
 def write_pod_record(
     run_dir: str, container_id: str, ifname: str, entry: GidEntry | None, uverbs: str | None = None,
-    entry6: GidEntry | None = None,
+    entry6: GidEntry | None = None, mode: str | None = None,
 ) -> str:
     """Write (atomically) the record of one pod interface; returns its path."""
     path = pod_record_path(run_dir, container_id, ifname)
     _ensure_dirs(run_dir, gid_dir(run_dir), os.path.dirname(path))
-    body = pod_record(container_id, ifname, entry, uverbs, entry6)
+    body = pod_record(container_id, ifname, entry, uverbs, entry6, mode)
     durable.atomic_write_json(path, body, FILE_MODE, DIR_MODE)
     return path
 

@@ -27,6 +27,9 @@ Series (labels in braces):
   before pools); per pool ``pool_devices{resource,mode}``, ``pool_healthy{resource,mode}``,
   ``pool_allocations_total{resource}``, ``pool_member_healthy{resource,member,netdev}`` (one dead
   HCA of a live shared pool shows here, not as a pool outage);
+* ``rdma_cni_bond_addresses{bond,state="held|free"}`` and ``rdma_cni_pod_address{bond,address,
+  pod_namespace,pod}`` (1 live, 0 netns gone): shared mode's pools, from the rdma-ipvlan network
+  config found under ``--conf-dir`` (``cni-tool state``'s numbers);
 * ``rdma_cni_port_counter{rdma_device,port,counter}`` per file of ``ports/<p>/counters`` and
   ``rdma_cni_port_hw_counter{...}`` per file of ``ports/<p>/hw_counters``, untyped: most are
   counters, but ``lifespan`` is a setting and some PMA counters saturate instead of wrapping.
@@ -70,11 +73,13 @@ class Sources:
     data_dirs: tuple[str, ...] = (DEFAULT_DATA_DIR,)
     run_dirs: tuple[str, ...] = (DEFAULT_RUN_DIR,)
     results_dirs: tuple[str, ...] = RESULTS_DIRS
+    conf_dir: str = ""  # where a shared-mode (rdma-ipvlan) network config is looked for; "": none
 
 
-def sources_of(confs: Iterable[Mapping[str, Any]]) -> Sources:
+def sources_of(confs: Iterable[Mapping[str, Any]], conf_dir: str = "") -> Sources:
     """The dirs named by rdma-macvlan configs (their defaults where a key is absent; the plugin's
-    own validation reports bad values, here they are only skipped)."""
+    own validation reports bad values, here they are only skipped); ``conf_dir``: where the
+    shared-mode network's config is looked for (its pools' series)."""
     roots: dict[str, None] = {}
     data: dict[str, None] = {}
     run: dict[str, None] = {}
@@ -88,8 +93,8 @@ def sources_of(confs: Iterable[Mapping[str, Any]]) -> Sources:
             if isinstance(value, str) and value:
                 into[value] = None
     if not data:
-        return Sources()
-    return Sources(tuple(roots), tuple(data), tuple(run))
+        return Sources(conf_dir=conf_dir)
+    return Sources(tuple(roots), tuple(data), tuple(run), conf_dir=conf_dir)
 
 
 @dataclass
@@ -179,6 +184,7 @@ class NodeCollector(Collector):
         sections.append(("state", lambda: self._state(view[0]) if view else []))
         sections.append(("device_plugin", lambda: self._device_plugin(src)))
         sections.append(("port_counters", lambda: self._port_counters(src)))
+        sections.append(("shared_pools", lambda: self._shared_pools(src)))
         for name, section in sections:
             try:
                 yield from section()
@@ -188,9 +194,37 @@ class NodeCollector(Collector):
         errors = CounterMetricFamily(
             "rdma_cni_scrape_errors", "Scrape sections that failed (see the agent log)", labels=["section"]
         )
-        for name in ("bonds", "state", "device_plugin", "port_counters"):
+        for name in ("bonds", "state", "device_plugin", "port_counters", "shared_pools"):
             errors.add_metric([name], self.errors.get(name, 0))
         yield errors
+
+    # ---------------------------------------------------------------- shared mode's address pools
+    @staticmethod
+    def _shared_pools(src: Sources) -> list[Metric]:
+        """Per bond of the rdma-ipvlan network: addresses held and free (``cni-tool state``'s
+        numbers), and one series per pod address: 1 while its pod's netns lives, 0 once it is gone
+        (DEL/GC has yet to free it)."""
+        from rdma_cni.doctor import shared_pools
+
+        pools = shared_pools.observe(src.conf_dir) if src.conf_dir else None
+        if pools is None:
+            return []
+        count = GaugeMetricFamily(
+            "rdma_cni_bond_addresses", "Shared mode: a bond's pod addresses by state",
+            labels=["bond", "state"],
+        )
+        holder = GaugeMetricFamily(
+            "rdma_cni_pod_address",
+            "Shared mode: 1 while a live pod holds this address of the bond, 0 when its netns is gone",
+            labels=["bond", "address", "pod_namespace", "pod"],
+        )
+        for b in pools.bonds:
+            count.add_metric([b.bond, "held"], len(b.held))
+            count.add_metric([b.bond, "free"], b.free)
+            for h in b.held:
+                namespace, _, pod = h.pod.partition("/")
+                holder.add_metric([b.bond, h.address, namespace, pod], 1 if h.alive else 0)
+        return [count, holder]
 
     # ---------------------------------------------------------------- bonds and GIDs
     def _bonds(self, view: NodeView, src: Sources) -> list[Metric]:

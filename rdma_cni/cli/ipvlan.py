@@ -1,0 +1,41 @@
+"""Entry point of ``rdma-ipvlan`` (shared mode): stdin and env in, the protocol's stdout and exit
+code out. ``SPEC`` is what the dispatcher and the warm node agent need; its factory imports the
+plugin lazily so VERSION and malformed requests never load pydantic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rdma_cni.cni.plugin import Plugin, PluginSpec
+
+ABOUT = (
+    "rdma-ipvlan: gives the pod an IPVLAN (or macvlan) child of every bond, each with an address of "
+    "its own from the bond's subnet (shared RDMA NIC mode)"
+)
+
+
+def _factory() -> Plugin:
+    from rdma_cni.plugins.ipvlan.plugin import IpvlanPlugin
+
+    return IpvlanPlugin()
+
+
+SPEC = PluginSpec(name="rdma-ipvlan", factory=_factory, about=ABOUT)
+
+
+def run(env: Mapping[str, str], stdin: bytes) -> tuple[str, int]:
+    """The whole plugin as a function (what tests and the agent call)."""
+    from rdma_cni.cni.dispatch import run as dispatch
+
+    return dispatch(env, stdin, SPEC)
+
+
+def main() -> None:
+    from rdma_cni.cli.plugin_main import serve
+
+    serve(SPEC)
+
+
+if __name__ == "__main__":
+    main()
