@@ -355,3 +355,52 @@ def test_device_plugin_runs_in_its_own_container_with_directory_mounts() -> None
     assert flags["log_file"] == ""  # stderr: kubectl logs; the root filesystem is read-only
     assert dp["securityContext"]["readOnlyRootFilesystem"] is True
     assert dp["securityContext"]["privileged"] is False
+
+
+# ---- the device plugin's commented variants: shared mode, and Mellanox's config.json -------------------
+
+
+def _variant(mark: str) -> list[dict[str, Any]]:
+    """rdma-cni.yaml with the ``#<mark># `` marks removed: the variant as a user switches it on."""
+    text = re.sub(rf"^(\s*)#{mark}# ", r"\1", (K8S / "rdma-cni.yaml").read_text(), flags=re.MULTILINE)
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+@pytest.mark.parametrize("mark", ["shared", "mellanox"])
+def test_device_plugin_variants_are_valid_manifests_whose_config_loads(mark: str, tmp_path: Path) -> None:
+    import sys
+
+    from rdma_cni.cli.device_plugin import flags_of, parse_args
+    from rdma_cni.deviceplugin.config import load_config
+
+    sys.path.insert(0, str(REPO / "tests"))
+    import seed002
+
+    docs = _variant(mark)
+    for doc in docs:
+        assert schema_problems(doc) == [], doc.get("kind")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {RDMA_LABEL: "true"}  # TKE's label kept
+    dp = _container(ds, "rdma-device-plugin")
+    args = parse_args(_expand(dp["args"], {e["name"]: e["value"] for e in dp["env"]}))
+    mounts = {m["mountPath"]: m["name"] for m in dp["volumeMounts"]}
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    directory = os.path.dirname(args.config)
+    config_map = volumes[mounts[directory]]["configMap"]["name"]
+    if mark == "shared":
+        assert args.cni_conf.endswith("/tke-rdma-ipvlan.conf")
+        cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config_map)
+        text = cm["data"][os.path.basename(args.config)]
+        want = [("tke.cloud.tencent.com/tke-shared-rdma", "shared", 1000)]
+    else:
+        assert (config_map, args.config) == ("rdma-devices", seed002.MOUNT_PATH)  # the seed's ConfigMap
+        text = seed002.config_text()
+        want = [("rdma/hca_shared_devices_a", "shared", 200)]
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "dev").mkdir()
+    path = tmp_path / os.path.basename(args.config)
+    path.write_text(text)
+    flags = {**flags_of(args), "sysfs_root": str(tmp_path / "sys"), "dev_root": str(tmp_path / "dev"),
+             "cni_conf": str(tmp_path / "absent.conf")}
+    cfg = load_config(flags, str(path))
+    assert [(s.resource_name, s.mode, s.count) for s in cfg.pool_specs()] == want

@@ -762,3 +762,40 @@ def test_bundle_ships_rdma_ipvlan_frozen_with_its_config_model(bundle: Path, tmp
     proc = _run([str(bin_dir / "rdma-ipvlan")], env=env, input=json.dumps(conf))
     answer = json.loads(proc.stdout)
     assert proc.returncode == 1 and answer["code"] == 7 and "'link'" in answer["msg"], proc.stdout
+
+
+def test_bundled_device_plugin_serves_seed_002s_mellanox_pool(bundle: Path, tmp_path: Path) -> None:
+    """The bundle's rdma-device-plugin with seed 002's own config.json (tests/seed002.py) registers the
+    Mellanox pool rdma/hca_shared_devices_a with its 200 devices over real gRPC, on an InfiniBand HCA
+    whose IPoIB netdev ibs108 does not exist in this netns: listed, Unhealthy."""
+    import signal
+
+    import seed002
+
+    from rdma_cni.sim.kubelet import TestKubelet
+    from rdma_cni.sim.tree import SimIbHca, add_ib_hca, build_tree
+
+    sysfs = build_tree(str(tmp_path / "sys"), [], gid_slots=8)
+    add_ib_hca(sysfs, SimIbHca("mlx5_0", "ibs108", pci_index=0, uverbs=0, numa_node=1))
+    (tmp_path / "dev").mkdir()
+    config = tmp_path / "config.json"
+    config.write_text(seed002.config_text())
+    short = Path(tempfile.mkdtemp(prefix="h11p-"))
+    with TestKubelet(short / "kubelet") as kubelet, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, short, True)
+        proc = subprocess.Popen(
+            [str(bundle / "rdma-device-plugin"), "--config", str(config), "--kubelet-root-dir", kubelet.root,
+             "--sysfs-root", sysfs, "--dev-root", str(tmp_path / "dev"),
+             "--cni-conf", str(tmp_path / "none.conf"), "--run-dir", str(tmp_path / "run"), "--log-file", ""],
+            env=bare_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            ep = kubelet.wait_endpoint("rdma/hca_shared_devices_a", timeout=60)
+            _, devs = ep.wait_list(lambda devs: len(devs) == 200)
+            assert {(d.health, d.numa) for d in devs} == {("Unhealthy", (1,))}
+            assert ep.endpoint.startswith("hca_shared_devices_a-")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert out == b""
+        assert "ibs108 of mlx5_0 is missing" in err.decode()

@@ -238,6 +238,7 @@ def test_device_plugin_status_is_read_on_every_scrape(sim: tuple[netns.Node, str
     written.count_allocations(4)
     written.update(devices=[{"id": "mlx5_bond_3", "netdev": "bond3", "numa": None, "healthy": False,
                              "reason": "no IPv4"}])
+    written.close()  # its writer thread writes asynchronously: the scrape must come after the write
     reg = scrape()
     assert value(reg, "rdma_cni_device_plugin_registered", resource=RESOURCE) == 1
     assert value(reg, "rdma_cni_device_plugin_registrations_total") == 1
@@ -387,3 +388,43 @@ def test_bad_metrics_address_is_refused_naming_the_flag(tmp_path: Path) -> None:
         )
         assert proc.returncode != 0 and "--metrics-address" in proc.stderr and why in proc.stderr, proc.stderr
         assert not (tmp_path / "a.sock").exists()  # refused before the socket was published
+
+
+def test_every_pool_has_its_series_labelled_by_resource(sim: tuple[netns.Node, str, Scrape]) -> None:
+    """status.json as the plugin's own StatusFile writes it for two shared pools (a seed-002 style IB
+    pool and a RoCE pool with one dead HCA): the first pool keeps the pre-pool series, every pool
+    gets its own, and the dead HCA is a member series at 0 while its pool stays healthy."""
+    from rdma_cni.deviceplugin.hca import Hca
+    from rdma_cni.deviceplugin.model import DeviceHealth
+    from rdma_cni.deviceplugin.pools import SHARED, PoolSpec, SharedSnapshot
+    from rdma_cni.deviceplugin.status import StatusFile, status_path
+
+    n, _, scrape = sim
+    ib, roce = "rdma/hca_shared_devices_a", "rdma/hca_shared_devices_b"
+    status = StatusFile(status_path(n.run_dir), ib, (PoolSpec(ib, SHARED, 200), PoolSpec(roce, SHARED, 100)))
+
+    def hca(name: str, netdev: str) -> Hca:
+        return Hca(name, 1, "Ethernet", netdev, (netdev,), None, None, None, None, None, "uverbs0")
+
+    ib_hcas = (hca("mlx5_4", "ibs108"),)
+    status.pool(ib).snapshot(SharedSnapshot(200, ib_hcas, (DeviceHealth("mlx5_4", True, ""),)))
+    roce_hcas = (hca("mlx5_bond_0", "bond0"), hca("mlx5_bond_1", "bond1"))
+    status.pool(roce).snapshot(SharedSnapshot(100, roce_hcas, (
+        DeviceHealth("mlx5_bond_0", False, "bond0 down"), DeviceHealth("mlx5_bond_1", True, ""))))
+    status.pool(ib).registered("a.sock")
+    status.pool(roce).registered("b.sock")
+    status.pool(roce).count_allocations(3)
+    status.close()
+    reg = scrape()
+    assert value(reg, "rdma_cni_device_plugin_registered", resource=ib) == 1
+    assert value(reg, "rdma_cni_device_plugin_registered", resource=roce) == 1
+    assert value(reg, "rdma_cni_device_plugin_pool_devices", resource=ib, mode="shared") == 200
+    assert value(reg, "rdma_cni_device_plugin_pool_devices", resource=roce, mode="shared") == 100
+    assert value(reg, "rdma_cni_device_plugin_pool_healthy", resource=roce, mode="shared") == 1
+    assert value(reg, "rdma_cni_device_plugin_pool_allocations_total", resource=roce) == 3
+    assert value(reg, "rdma_cni_device_plugin_pool_member_healthy", resource=roce, member="mlx5_bond_0",
+                 netdev="bond0") == 0
+    assert value(reg, "rdma_cni_device_plugin_pool_member_healthy", resource=ib, member="mlx5_4",
+                 netdev="ibs108") == 1
+    # the first pool's members are the pre-pool per-device series too
+    assert value(reg, "rdma_cni_device_plugin_device_healthy", device="mlx5_4", netdev="ibs108") == 1

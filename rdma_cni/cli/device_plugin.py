@@ -55,8 +55,10 @@ HELP = {
     "pod_resources_dir": "PodResources socket dir (default <kubelet-root-dir>/pod-resources)",
     "sysfs_root": "where sysfs is (default /sys)",
     "dev_root": "where the /dev/infiniband nodes are (default /dev)",
-    "cni_conf": "the rdma-macvlan config whose masters and dataDir the plugin follows",
-    "resource_name": "extended resource to advertise (default tke.cloud.tencent.com/tke-shared-rdma)",
+    "cni_conf": "the delegate config (tke-rdma-macvlan or tke-rdma-ipvlan) whose masters, dataDir and runDir "
+    "the plugin follows",
+    "resource_name": "extended resource of the one pool (default tke.cloud.tencent.com/tke-shared-rdma; "
+    "a config listing pools names its own)",
     "rescan_interval_s": "seconds between sysfs rescans (port state has no event; default 0.5)",
     "run_dir": "where status.json goes (<run-dir>/device-plugin/; default the CNI config's runDir)",
     "log_file": "log file (logs also go to stderr)",
@@ -66,7 +68,8 @@ HELP = {
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="rdma-device-plugin", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=None, help="config file (JSON); flags win over it")
+    ap.add_argument("--config", default=None, help="config file, YAML or JSON (also Mellanox's "
+                    "k8s-rdma-shared-dev-plugin config.json, as it is); flags win over it")
     for flag, key in FLAGS.items():
         aliases = [flag_name(key)] if flag_name(key) != flag else []  # --rescan-interval-s, as errors say
         ap.add_argument(flag, *aliases, dest=key, default=None, help=HELP[key])
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         daemon.run(cfg, stop)
+    except ConfigError as e:  # the first scan found pools the config cannot mean (an HCA in two)
+        _fail(2, str(e))
     except Exception as e:  # the first scan: a node we cannot read at all
         log.exception("device plugin stopped")
         _fail(1, f"stopped: {e}")

@@ -152,7 +152,7 @@ def allocate(snap: Snapshot, ids: Sequence[str], cfg: PluginConfig) -> Container
         devices += _bond_devices(cfg, bond)
     cm = os.path.join(cfg.dev_root, "infiniband", RDMA_CM)
     if os.path.exists(cm):
-        devices.append(_spec(cfg, RDMA_CM))
+        devices.append(dev_spec(cfg, RDMA_CM))
     else:  # a listed host device that does not exist fails the container's creation
         log.warning("%s is missing: containers get no rdma_cm (load rdma_ucm for librdmacm)", cm)
     return ContainerAllocation(devices=tuple(devices), envs=environment(cfg, bonds))
@@ -177,7 +177,7 @@ def _checked(snap: Snapshot, ids: Sequence[str]) -> list[RdmaBond]:
     return sorted(out, key=lambda b: natural_key(b.id))
 
 
-def _spec(cfg: PluginConfig, name: str) -> DeviceSpec:
+def dev_spec(cfg: PluginConfig, name: str) -> DeviceSpec:
     # The host numbering is kept in the container: NCCL/libibverbs find uverbsN through sysfs,
     # which the container sees unchanged (shared netns mode), so the names must match the host's.
     return DeviceSpec(
@@ -189,10 +189,10 @@ def _spec(cfg: PluginConfig, name: str) -> DeviceSpec:
 
 def _bond_devices(cfg: PluginConfig, bond: RdmaBond) -> list[DeviceSpec]:
     assert bond.uverbs is not None
-    out = [_spec(cfg, bond.uverbs)]
+    out = [dev_spec(cfg, bond.uverbs)]
     for name in (*bond.umad, *bond.issm):
         if os.path.exists(os.path.join(cfg.dev_root, "infiniband", name)):
-            out.append(_spec(cfg, name))
+            out.append(dev_spec(cfg, name))
     return out
 
 

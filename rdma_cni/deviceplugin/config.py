@@ -32,6 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from rdma_cni.deviceplugin import poolconf
+from rdma_cni.deviceplugin.errors import ConfigError as ConfigError  # re-exported: callers know it here
+from rdma_cni.deviceplugin.pools import DEFAULT_SHARED_COUNT, EXCLUSIVE, MODES, SHARED, PoolSpec
+
 log = logging.getLogger("rdma_cni.deviceplugin")
 
 DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
@@ -39,6 +43,8 @@ DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 DEFAULT_CNI_CONF = "/etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf"
 DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"  # rdma-macvlan's own defaults (macvlan_config)
 DEFAULT_RUN_DIR = "/run/rdma-cni"
+# The CNI plugins whose delegate config --cni-conf may name, and each one's default dataDir.
+CNI_DATA_DIRS = {"rdma-macvlan": DEFAULT_DATA_DIR, "rdma-ipvlan": "/var/lib/cni/rdma-ipvlan"}
 DEFAULT_LOG_FILE = "/var/log/rdma-cni/rdma-device-plugin.log"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Below 50 ms a rescan of 8 bonds is a noticeable share of a core; above 60 s the port state (which
@@ -48,29 +54,9 @@ RESCAN_MAX_S = 60.0
 ENV_NAMES = ("NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "UCX_NET_DEVICES", "UCX_IB_GID_INDEX")
 
 
-class ConfigError(Exception):
-    """A setting the plugin cannot start with. ``str()`` is one sentence: key, bad value, fix."""
-
-    def __init__(self, key: str, value: object, fix: str, where: str = "") -> None:
-        self.key = key
-        self.value = value
-        self.fix = fix
-        self.where = where
-        super().__init__(self._sentence())
-
-    def _sentence(self) -> str:
-        place = f" in {self.where}" if self.where else ""
-        return f"{self.key}{place} = {_shown(self.value)} is invalid: {self.fix.rstrip('.')}."
-
-
 class NetnsModeError(ConfigError):
     """The kernel's RDMA netns mode is not ``shared``: every pod would see no RDMA device at all
     (exclusive mode moves a device into one netns), so the plugin refuses to advertise any."""
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 @dataclass(frozen=True)
@@ -94,6 +80,17 @@ class PluginConfig:
     env_ucx_ib_gid_index: bool = True
     log_file: str = DEFAULT_LOG_FILE
     log_level: str = "info"
+    mode: str = EXCLUSIVE  # the one pool's mode when no pools are listed (TKE's ``mode: shared``)
+    shared_count: int = DEFAULT_SHARED_COUNT
+    pools: tuple[PoolSpec, ...] = ()  # ``pools:`` or Mellanox's ``configList``; () = the one pool
+
+    def pool_specs(self) -> tuple[PoolSpec, ...]:
+        """The pools to serve: those listed, else the one named ``resource_name`` over the bonds of
+        ``masters`` (exclusive: today's plugin; ``mode: shared``: TKE's shared mode)."""
+        if self.pools:
+            return self.pools
+        count = self.shared_count if self.mode == SHARED else 0
+        return (PoolSpec(self.resource_name, self.mode, count, None, "resourceName"),)
 
 
 # --- keys: file name, flag name, how to check, what to say ---------------------------------------
@@ -164,6 +161,19 @@ def _interval(value: object) -> float:
     return seconds
 
 
+def _mode(value: object) -> str:
+    if value not in MODES:
+        raise ValueError
+    return str(value)
+
+
+def _shared_count(value: object) -> int:
+    try:
+        return poolconf.count(value, "sharedCount", "")
+    except ConfigError:
+        raise ValueError from None
+
+
 def _bool(value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError
@@ -198,6 +208,10 @@ KEYS = (
     Key("env_ucx_ib_gid_index", "env.UCX_IB_GID_INDEX", _bool, "use true or false (a YAML/JSON boolean)"),
     Key("log_file", "logFile", _log_file, 'use an absolute file path, or "" for stderr only'),
     Key("log_level", "logLevel", _log_level, "use one of debug, info, warning, error"),
+    Key("mode", "mode", _mode, "use exclusive (one device per RDMA bond, the default) or shared "
+        "(TKE's shared mode: sharedCount virtual devices, every pod gets every bond's HCA)"),
+    Key("shared_count", "sharedCount", _shared_count, f"use a whole number from 1 to {poolconf.MAX_COUNT}: "
+        f"how many pods may share the bonds at once (default {DEFAULT_SHARED_COUNT})"),
 )
 _BY_FIELD = {k.field: k for k in KEYS}
 _BY_FILE_KEY = {k.file_key: k for k in KEYS}
@@ -218,12 +232,13 @@ def load_config(flags: Mapping[str, object], config_file: str | None) -> PluginC
     clean: dict[str, object] = {}
     if config_file is not None:  # checked even where a flag overrides it: a bad file is a bad file
         for name, value in _read_file(config_file).items():
-            clean[name] = _checked(name, value, config_file)
+            clean[name] = value if name == "pools" else _checked(name, value, config_file)  # pools: checked
     for name, value in flags.items():
         if name not in _BY_FIELD:
             raise ConfigError(flag_name(name), value, f"it is not an option; known: {_known_flags()}")
         if value is not None:
             clean[name] = _checked(name, value, "")
+    _one_form(clean, config_file or "")
     root = str(clean.get("kubelet_root_dir", DEFAULT_KUBELET_ROOT))
     clean.setdefault("device_plugin_dir", os.path.join(root, "device-plugins"))
     clean.setdefault("pod_resources_dir", os.path.join(root, "pod-resources"))
@@ -233,6 +248,21 @@ def load_config(flags: Mapping[str, object], config_file: str | None) -> PluginC
     clean.setdefault("run_dir", run_dir)
     clean["masters"] = masters
     return PluginConfig(**clean)  # type: ignore[arg-type]
+
+
+def _one_form(clean: Mapping[str, object], where: str) -> None:
+    """A pool list names its own resources and modes: resourceName/mode/sharedCount beside it (in the
+    file or as a flag) would be ignored, so they are refused instead."""
+    if not clean.get("pools"):
+        if "shared_count" in clean and clean.get("mode") != SHARED:
+            raise ConfigError("sharedCount", clean["shared_count"], "it counts the pool of mode: shared; add "
+                              "mode: shared or leave sharedCount out", where)
+        return
+    for name in ("resource_name", "mode", "shared_count"):
+        if name in clean:
+            raise ConfigError(_BY_FIELD[name].file_key + " / " + flag_name(name), clean[name],
+                              "the config lists pools, each with its own resourceName and mode: drop this "
+                              "setting or put it on a pool", where)
 
 
 def _checked(name: str, value: object, where: str) -> object:
@@ -260,8 +290,13 @@ def _read_file(path: str) -> dict[str, object]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError("--config", path, "the file must hold one mapping of keys, like 'logLevel: info'")
+    if "configList" in data:  # Mellanox's k8s-rdma-shared-dev-plugin config.json, as it is
+        return {"pools": poolconf.parse_mellanox(data, path, _resource_name)}
     out: dict[str, object] = {}
     for key, value in data.items():
+        if key == "pools":
+            out["pools"] = poolconf.parse_pools(value, path, _resource_name)
+            continue
         if key == "env":
             out.update(_env_section(path, value))
             continue
@@ -273,10 +308,13 @@ def _read_file(path: str) -> dict[str, object]:
 
 
 def _parse(path: str, text: str) -> Any:
-    if path.endswith(".json"):  # YAML reads JSON too, but JSON's own errors say more
-        try:
-            return json.loads(text)
-        except ValueError as exc:
+    """JSON when it reads as JSON (a ``.json`` file must), else YAML: told by the content, so a
+    ConfigMap's ``config.json`` mounted under any name works. YAML reads JSON too, but JSON's own
+    errors say more."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        if path.endswith(".json"):
             raise ConfigError("--config", path, f"it is not valid JSON ({exc}); fix the syntax") from None
     import yaml  # only when a YAML file is given: the import costs ~10 ms
 
@@ -302,10 +340,10 @@ def _env_section(path: str, value: object) -> dict[str, object]:
 
 
 def _unknown_fix(key: str) -> str:
-    close = difflib.get_close_matches(key, [*_BY_FILE_KEY, "env"], n=1)
+    close = difflib.get_close_matches(key, [*_BY_FILE_KEY, "env", "pools", "configList"], n=1)
     hint = f" (did you mean {close[0]})" if close else ""
     return f"it is not a device plugin setting{hint}; known keys: " + ", ".join(
-        [k for k in _BY_FILE_KEY if not k.startswith("env.")] + ["env"]
+        [k for k in _BY_FILE_KEY if not k.startswith("env.")] + ["env", "pools", "configList"]
     )
 
 
@@ -326,15 +364,20 @@ def read_cni_conf(path: str) -> tuple[tuple[str, ...] | None, str, str]:
                           "fix the file, or point --cni-conf at the node's config") from None
     if not isinstance(raw, dict):
         raise ConfigError("--cni-conf", path, "the tke-rdma-macvlan config must be a JSON object")
-    try:
+    plugin = raw.get("type", "rdma-macvlan")
+    if plugin not in CNI_DATA_DIRS:
+        raise ConfigError("type", plugin, "--cni-conf must name the node's tke-rdma-macvlan (exclusive) or "
+                          "tke-rdma-ipvlan (shared) delegate config", path)
+    try:  # rdma-ipvlan's masters, dataDir and runDir are rdma-macvlan's keys: one reader checks both
         status = parse_status_config(raw)
     except CniError as exc:
-        raise ConfigError("--cni-conf", path, f"rdma-macvlan refuses it too: {exc.msg}") from None
+        raise ConfigError("--cni-conf", path, f"{plugin} refuses it too: {exc.msg}") from None
     run_dir = raw.get("runDir", DEFAULT_RUN_DIR)
     if not isinstance(run_dir, str) or not os.path.isabs(run_dir):
         raise ConfigError("runDir", run_dir, "use an absolute directory path", path)
     masters = tuple(status.masters) if status.masters is not None else None
-    return masters, status.data_dir, run_dir
+    data_dir = status.data_dir if "dataDir" in raw else CNI_DATA_DIRS[str(plugin)]
+    return masters, data_dir, run_dir
 
 
 # --- preflight -------------------------------------------------------------------------------------

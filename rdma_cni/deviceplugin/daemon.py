@@ -1,23 +1,29 @@
-"""The device plugin process: one scan, then the health watch and the registration loop side by side.
+"""The device plugin process: one scan, then the health watch and one registration loop per pool.
 
-Threads: the caller's thread runs the registration loop (:class:`~.registration.Lifecycle`), one
-thread runs the health watch, and gRPC has its own pool. This process never forks: gRPC's threads
-and a fork do not mix, which is why the plugin is not part of ``rdma-agent`` (it forks workers).
+Threads: the caller's thread runs the first pool's registration loop
+(:class:`~.registration.Lifecycle`), every further pool's loop has a thread of its own, one thread
+runs the health watch (one scan for all pools), and gRPC has its own pool per socket. This process
+never forks: gRPC's threads and a fork do not mix, which is why the plugin is not part of
+``rdma-agent`` (it forks workers).
 
 Usage::
 
     stop = threading.Event()
-    run(cfg, stop)     # until stop is set; the own socket is removed and the status says so
+    run(cfg, stop)     # until stop is set; the own sockets are removed and the status says so
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 
 from rdma_cni.deviceplugin import inventory
 from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.registration import Lifecycle
+from rdma_cni.deviceplugin.errors import ConfigError
+from rdma_cni.deviceplugin.inventory import NodeScan, Snapshot
+from rdma_cni.deviceplugin.pools import PoolSnapshot, PoolSpec, SharedSnapshot
+from rdma_cni.deviceplugin.registration import Lifecycle, socket_base
 from rdma_cni.deviceplugin.server import Board
 from rdma_cni.deviceplugin.status import StatusFile, status_path
 from rdma_cni.deviceplugin.watch import HealthWatch
@@ -25,20 +31,123 @@ from rdma_cni.deviceplugin.watch import HealthWatch
 log = logging.getLogger(__name__)
 
 
-def run(cfg: PluginConfig, stop: threading.Event) -> None:
-    snap = inventory.scan(cfg)
+def first_scan(cfg: PluginConfig) -> NodeScan:
+    """The first scan; a ConfigError when an HCA of an exclusive pool is in another pool too."""
+    specs = cfg.pool_specs()
+    scan = inventory.scan_pools(cfg, specs)
+    if scan.conflicts:
+        hca, mine, other = scan.conflicts[0]
+        origin = {s.resource_name: s.origin for s in specs}
+        raise ConfigError(
+            f"{origin[other]}.selectors",
+            hca,
+            f"{hca} is in exclusive pool {mine} and in pool "
+            f"{other}: an HCA of an exclusive pool must be in no other pool; narrow the selectors",
+        )
+    for spec in specs:
+        _log_pool(spec, scan.pools[spec.resource_name])
+    return scan
+
+
+def _log_pool(spec: PoolSpec, snap: PoolSnapshot) -> None:
+    if isinstance(snap, SharedSnapshot):
+        healthy = sum(h.healthy for h in snap.health)
+        line = ", ".join(
+            f"{h.id}={'/'.join(h.netdevs) or '-'}/{h.link_layer}/numa{h.numa}" for h in snap.hcas
+        )
+        log.info(
+            "%s: shared, %d devices over %d HCAs (%d healthy): %s",
+            spec.resource_name,
+            snap.count,
+            len(snap.hcas),
+            healthy,
+            line or "none",
+        )
+        for h in snap.health:
+            if not h.healthy:
+                log.warning("%s: HCA %s Unhealthy (%s)", spec.resource_name, h.id, h.reason)
+        if not snap.hcas:
+            log.warning(
+                "pool %s (%s) selects no HCA (%s): registered with 0 devices",
+                spec.resource_name,
+                spec.origin,
+                spec.selection(),
+            )
+        return
     healthy = sum(1 for h in snap.health if h.healthy)
-    log.info("%s: %d devices (%d healthy): %s", cfg.resource_name, len(snap.bonds), healthy,
-             ", ".join(f"{b.id}={b.netdev}/numa{b.numa}" for b in snap.bonds) or "none")
-    board = Board(snap)
-    status = StatusFile(status_path(cfg.run_dir), cfg.resource_name)
-    status.devices(snap)
-    watch = HealthWatch(cfg, board, on_change=status.devices)
+    log.info(
+        "%s: %d devices (%d healthy): %s",
+        spec.resource_name,
+        len(snap.bonds),
+        healthy,
+        ", ".join(f"{b.id}={b.netdev}/numa{b.numa}" for b in snap.bonds) or "none",
+    )
+    if not snap.bonds and spec.selectors is not None:
+        log.warning(
+            "pool %s (%s) selects no RDMA bond (%s): registered with 0 devices",
+            spec.resource_name,
+            spec.origin,
+            spec.selection(),
+        )
+
+
+def socket_bases(specs: tuple[PoolSpec, ...]) -> dict[str, str]:
+    """Each pool's socket name start: the resource's last part (``tke-shared-rdma``), or the whole
+    name with ``/`` as ``_`` where two pools share a last part."""
+    short = Counter(socket_base(s.resource_name) for s in specs)
+    return {
+        s.resource_name: socket_base(s.resource_name)
+        if short[socket_base(s.resource_name)] == 1
+        else s.resource_name.replace("/", "_")
+        for s in specs
+    }
+
+
+def run(cfg: PluginConfig, stop: threading.Event) -> None:
+    specs = cfg.pool_specs()
+    scan = first_scan(cfg)
+    boards = {s.resource_name: Board(scan.pools[s.resource_name]) for s in specs}
+    status = StatusFile(
+        status_path(cfg.run_dir),
+        cfg.resource_name,
+        specs if cfg.pools or len(specs) > 1 or specs[0].shared else (),
+    )
+    pools = {s.resource_name: status.pool(s.resource_name) for s in specs}
+    single = "pools" not in status.snapshot()
+
+    def changed(name: str, snap: PoolSnapshot) -> None:
+        if single and isinstance(snap, Snapshot):
+            status.devices(snap)
+        else:
+            pools[name].snapshot(snap)
+
+    for s in specs:
+        changed(s.resource_name, scan.pools[s.resource_name])
+    watch = HealthWatch(cfg, boards, scan, on_change=changed)
     watcher = threading.Thread(target=watch.run, args=(stop,), name="dp-health", daemon=True)
     watcher.start()
+    bases = socket_bases(specs)
+    loops = [
+        Lifecycle(
+            cfg,
+            boards[s.resource_name],
+            status if single else pools[s.resource_name],
+            s.resource_name,
+            bases[s.resource_name],
+        )
+        for s in specs
+    ]
+    others = [
+        threading.Thread(target=loop.run, args=(stop,), name=f"dp-reg-{i + 1}", daemon=True)
+        for i, loop in enumerate(loops[1:])
+    ]
+    for t in others:
+        t.start()
     try:
-        Lifecycle(cfg, board, status).run(stop)
+        loops[0].run(stop)
     finally:
         stop.set()
+        for t in others:
+            t.join(5.0)
         watcher.join(cfg.rescan_interval_s + 2.0)
         status.close()  # the last state (registered: false) is on disk before the process exits

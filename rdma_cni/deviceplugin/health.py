@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rdma_cni.deviceplugin.hca import Hca
 from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond
 
 
@@ -84,3 +85,49 @@ def _address_causes(bond: RdmaBond, holders: tuple[Holder, ...]) -> list[str]:
 def evaluate(bond: RdmaBond, seen: Observation) -> DeviceHealth:
     found = causes(bond, seen)
     return DeviceHealth(id=bond.id, healthy=not found, reason="; ".join(found))
+
+
+# --- an HCA of a shared pool -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HcaObservation:
+    """What one scan saw of one HCA of a shared pool (its netdev: the RoCE bond, or the IPoIB one)."""
+
+    port_state: str
+    netdev_present: bool
+    netdev_up: bool
+    carrier: bool
+    uverbs_node: str
+    uverbs_ok: bool
+
+
+def hca_causes(hca: Hca, seen: HcaObservation) -> list[str]:
+    """Why a shared pool cannot count on ``hca`` now. The address is not asked for: in shared mode
+    the bond keeps its own and each pod gets another (TKE's IPVLAN), and a hostNetwork pool
+    (seed 002) needs none. InfiniBand: port ACTIVE, and its IPoIB netdev up when it has one."""
+    out: list[str] = []
+    if seen.port_state == "GONE":
+        out.append(f"RDMA device {hca.id} is gone from sysfs (driver unloaded?)")
+    elif seen.port_state != "ACTIVE":
+        fix = "the cable, the switch port or the subnet manager" if hca.infiniband else "the bond's slaves"
+        out.append(f"RDMA port {hca.id}/{hca.port} is {seen.port_state}, not ACTIVE (check {fix})")
+    if hca.netdev is None:
+        if not hca.infiniband:
+            out.append(f"no netdev carries the RoCE GIDs of {hca.id}")
+    elif not seen.netdev_present:
+        out.append(f"netdev {hca.netdev} of {hca.id} is missing from the node's network namespace")
+    elif not seen.netdev_up:
+        out.append(f"netdev {hca.netdev} of {hca.id} is down (`ip link set {hca.netdev} up`)")
+    elif not seen.carrier and not hca.infiniband:
+        out.append(f"netdev {hca.netdev} of {hca.id} has no carrier")
+    if not seen.uverbs_node:
+        out.append(f"no uverbs device names {hca.id} in class/infiniband_verbs (is ib_uverbs loaded?)")
+    elif not seen.uverbs_ok:
+        out.append(f"{seen.uverbs_node} is missing or not a character device (is ib_uverbs loaded?)")
+    return out
+
+
+def evaluate_hca(hca: Hca, seen: HcaObservation) -> DeviceHealth:
+    found = hca_causes(hca, seen)
+    return DeviceHealth(id=hca.id, healthy=not found, reason="; ".join(found))

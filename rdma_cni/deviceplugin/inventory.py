@@ -22,18 +22,30 @@ import socket
 import stat
 import struct
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rdma_cni.deviceplugin import hca as hca_inventory
+from rdma_cni.deviceplugin import pools as pools_model
 from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.health import Holder, Observation, evaluate
+from rdma_cni.deviceplugin.hca import Hca, mad_devices
+from rdma_cni.deviceplugin.health import HcaObservation, Holder, Observation, evaluate, evaluate_hca
 from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot, natural_key
+from rdma_cni.deviceplugin.pools import (
+    PoolSnapshot,
+    PoolSpec,
+    SharedSnapshot,
+    exclusive_members,
+    member_ids,
+    shared_members,
+)
 from rdma_cni.rdma import sysfs
 
 if TYPE_CHECKING:
     from rdma_cni.state import AttachmentRecord
 
-__all__ = ["DeviceHealth", "RdmaBond", "Snapshot", "discover", "observe", "scan"]
+__all__ = ["DeviceHealth", "RdmaBond", "Snapshot", "discover", "mad_devices", "observe", "scan"]
 
 log = logging.getLogger("rdma_cni.deviceplugin")
 
@@ -62,25 +74,6 @@ def numa_of(sysfs_root: str, device: str) -> int | None:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
-
-
-def mad_devices(sysfs_root: str) -> dict[tuple[str, int], tuple[tuple[str, ...], tuple[str, ...]]]:
-    """``(device, port) -> (umad…, issm…)`` char device names from ``class/infiniband_mad`` (each
-    entry has ``ibdev`` and ``port``, as the kernel's ib_umad lays them out); read once per scan."""
-    base = os.path.join(sysfs_root, "class", "infiniband_mad")
-    try:
-        names = sorted(os.listdir(base), key=natural_key)
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
-    out: dict[tuple[str, int], tuple[list[str], list[str]]] = {}
-    for name in names:
-        kind = 0 if name.startswith("umad") else 1 if name.startswith("issm") else None
-        ibdev = _read(os.path.join(base, name, "ibdev")) if kind is not None else None
-        port = _read(os.path.join(base, name, "port"))
-        if kind is None or not ibdev or not port or not port.isdigit():
-            continue
-        out.setdefault((ibdev, int(port)), ([], []))[kind].append(name)
-    return {k: (tuple(u), tuple(i)) for k, (u, i) in out.items()}
 
 
 def _read(path: str) -> str | None:
@@ -292,3 +285,74 @@ def health_changes(before: Snapshot | None, after: Snapshot) -> Mapping[str, Dev
     """Devices whose health (or reason) differs from ``before``, for one log line per change."""
     old = {h.id: h for h in before.health} if before is not None else {}
     return {h.id: h for h in after.health if old.get(h.id) != h}
+
+
+# --- pools -------------------------------------------------------------------------------------------
+
+
+def observe_hcas(cfg: PluginConfig, hcas: Iterable[Hca]) -> dict[str, HcaObservation]:
+    """One HcaObservation per HCA, from one netlink look at their netdevs."""
+    hcas = list(hcas)
+    links, _, _ = _links_and_addresses(h.netdev for h in hcas if h.netdev)
+    present = set(sysfs.list_devices(cfg.sysfs_root))
+    out: dict[str, HcaObservation] = {}
+    for h in hcas:
+        link = links.get(h.netdev) if h.netdev else None
+        flags = link[1] if link is not None else 0
+        uverbs = dev_path(cfg, h.uverbs) if h.uverbs else ""
+        state = "GONE"
+        if h.id in present:
+            text = _read(os.path.join(sysfs.port_dir(cfg.sysfs_root, h.id, h.port), "state"))
+            state = text.split(":", 1)[-1].strip() if text else "UNKNOWN"
+        out[h.id] = HcaObservation(
+            port_state=state,
+            netdev_present=link is not None,
+            netdev_up=bool(flags & IFF_UP),
+            carrier=bool(flags & IFF_LOWER_UP),
+            uverbs_node=uverbs,
+            uverbs_ok=bool(uverbs) and is_char_device(uverbs),
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class NodeScan:
+    """One scan for every pool: the node's bonds (today's snapshot), each pool's own snapshot, and
+    every ``(hca, exclusive pool, other pool)`` that both select (:func:`pools.conflicts`)."""
+
+    bonds: Snapshot
+    pools: Mapping[str, PoolSnapshot]
+    conflicts: tuple[tuple[str, str, str], ...] = ()
+
+
+def scan_pools(cfg: PluginConfig, specs: Sequence[PoolSpec], previous: NodeScan | None = None) -> NodeScan:
+    """The node now, per pool (:mod:`rdma_cni.deviceplugin.pools` decides who holds what). An HCA of
+    an exclusive pool that another pool selects too is left out of the other one: the start refuses
+    such a config (the daemon raises on ``conflicts``), a rescan logs each new one."""
+    bonds = scan(cfg, previous.bonds if previous is not None else None)
+    wanted = any(s.selectors is not None or s.shared for s in specs)
+    hcas = hca_inventory.read_hcas(cfg.sysfs_root) if wanted else ()
+    before = previous.pools if previous is not None else {}
+    out: dict[str, PoolSnapshot] = {}
+    for spec in specs:
+        old = before.get(spec.resource_name)
+        if spec.shared:
+            kept = old if isinstance(old, SharedSnapshot) else None
+            out[spec.resource_name] = SharedSnapshot(spec.count, shared_members(spec, hcas, bonds, kept), ())
+        else:
+            mine = old if isinstance(old, Snapshot) else None
+            out[spec.resource_name] = exclusive_members(spec, hcas, bonds, mine)
+    clashes = tuple(pools_model.conflicts(specs, {name: member_ids(snap) for name, snap in out.items()}))
+    for clash in clashes:
+        if previous is not None and clash not in previous.conflicts:
+            log.error("%s matches exclusive pool %s and pool %s too: left out of %s", *clash, clash[2])
+    taken = {h for s in specs if not s.shared for h in member_ids(out[s.resource_name])}
+    shared = {h.id: h for snap in out.values() if isinstance(snap, SharedSnapshot) for h in snap.hcas}
+    seen = observe_hcas(cfg, shared.values()) if shared else {}
+    for spec in specs:
+        snap = out[spec.resource_name]
+        if isinstance(snap, SharedSnapshot):
+            members = tuple(h for h in snap.hcas if h.id not in taken)
+            health = tuple(evaluate_hca(h, seen[h.id]) for h in members)
+            out[spec.resource_name] = SharedSnapshot(snap.count, members, health)
+    return NodeScan(bonds=bonds, pools=out, conflicts=clashes)

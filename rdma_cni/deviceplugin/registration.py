@@ -33,6 +33,7 @@ import errno
 import glob
 import logging
 import os
+import re
 import socket
 import stat
 import threading
@@ -44,7 +45,7 @@ import grpc
 
 from rdma_cni.deviceplugin.config import PluginConfig
 from rdma_cni.deviceplugin.server import OPTIONS, Board, DevicePluginService, serve
-from rdma_cni.deviceplugin.status import StatusFile
+from rdma_cni.deviceplugin.status import PoolStatus, StatusFile
 from rdma_cni.kube.dirwatch import DirWatch
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -85,10 +86,18 @@ def _nobody_listens(path: str) -> bool:
     return False
 
 
+def own_sockets(directory: str, base: str) -> list[str]:
+    """``<base>-<ns>.sock`` files in ``directory``: this resource's, of any run. Exactly that shape, so
+    pool ``hca`` never takes pool ``hca-b``'s socket (``hca-b-1700….sock``) for one of its own."""
+    shape = re.compile(re.escape(base) + r"-\d+\.sock")
+    found = glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(base)}-*.sock"))
+    return sorted(p for p in found if shape.fullmatch(os.path.basename(p)))
+
+
 def remove_stale_sockets(directory: str, base: str) -> list[str]:
     """Remove ``<base>-*.sock`` files nobody answers on (left by a killed run); a live one stays."""
     removed = []
-    for path in glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(base)}-*.sock")):
+    for path in own_sockets(directory, base):
         if socket_inode(path) is not None and _nobody_listens(path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -98,7 +107,7 @@ def remove_stale_sockets(directory: str, base: str) -> list[str]:
 
 def other_live_instance(directory: str, base: str, own: str) -> str | None:
     """Another ``<base>-*.sock`` in ``directory`` that someone answers on (another plugin instance)."""
-    for path in sorted(glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(base)}-*.sock"))):
+    for path in own_sockets(directory, base):
         if path != own and socket_inode(path) is not None and not _nobody_listens(path):
             return path
     return None
@@ -154,12 +163,16 @@ class Generation:
 
 
 class Lifecycle:
-    """The plugin's registration loop (runs on the thread that calls :meth:`run`)."""
+    """One pool's registration loop (runs on the thread that calls :meth:`run`). ``resource_name``
+    and ``base`` (the socket name's start) default to ``cfg.resource_name`` and its last part."""
 
-    def __init__(self, cfg: PluginConfig, board: Board, status: StatusFile) -> None:
+    def __init__(self, cfg: PluginConfig, board: Board, status: StatusFile | PoolStatus,
+                 resource_name: str | None = None, base: str | None = None) -> None:
         self._cfg = cfg
         self._board = board
         self._status = status
+        self._resource = resource_name or cfg.resource_name
+        self._base = base or socket_base(self._resource)
         self._dir = cfg.device_plugin_dir
         self._kubelet = os.path.join(self._dir, KUBELET_SOCKET)
         self._kick = threading.Event()
@@ -170,7 +183,7 @@ class Lifecycle:
     # ------------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
         """Until ``stop``: a generation, registered, watched; a new one whenever kubelet forgot us."""
-        base = socket_base(self._cfg.resource_name)
+        base = self._base
         for path in remove_stale_sockets(self._dir, base):
             log.info("removed %s: a socket of an earlier run that no one answers on", path)
         with DirWatch(self._dir, POLL_S) as watch:
@@ -246,7 +259,7 @@ class Lifecycle:
                 if kubelet != registered_inode:
                     return f"{self._kubelet} was re-created or removed (kubelet restarted)"
                 if self._kick.is_set() and time.monotonic() >= next_check:
-                    other = other_live_instance(self._dir, socket_base(self._cfg.resource_name), gen.path)
+                    other = other_live_instance(self._dir, self._base, gen.path)
                     if other is None:
                         return "kubelet closed its ListAndWatch stream"
                     # A newer plugin of the same resource replaced us (a rolling update): registering
@@ -283,7 +296,7 @@ class Lifecycle:
             return socket_inode(gen.path) != gen.inode or socket_inode(self._kubelet) != inode
 
         try:
-            if not register(self._kubelet, gen.endpoint, self._cfg.resource_name, abandon=moot):
+            if not register(self._kubelet, gen.endpoint, self._resource, abandon=moot):
                 log.info("registration of %s abandoned: a socket changed meanwhile", gen.endpoint)
                 return False
         except grpc.RpcError as e:
@@ -293,7 +306,7 @@ class Lifecycle:
             return False
         self._status.registered(gen.endpoint)
         self._note(f"registered-{gen.endpoint}", logging.INFO, "registered %s as %s with kubelet in %.0f ms",
-                   self._cfg.resource_name, gen.endpoint, (time.monotonic() - started) * 1000)
+                   self._resource, gen.endpoint, (time.monotonic() - started) * 1000)
         return True
 
     # ------------------------------------------------------------------ helpers

@@ -28,9 +28,9 @@ from typing import NoReturn
 
 import grpc
 
-from rdma_cni.deviceplugin import allocation
+from rdma_cni.deviceplugin import allocation, shared
 from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.inventory import Snapshot
+from rdma_cni.deviceplugin.pools import PoolSnapshot, SharedSnapshot, virtual_ids
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -51,16 +51,16 @@ class Board:
     ``publish`` bumps the version only when the snapshot differs, so streams wake for real changes.
     """
 
-    def __init__(self, snap: Snapshot) -> None:
+    def __init__(self, snap: PoolSnapshot) -> None:
         self._cond = threading.Condition()
         self._snap = snap
         self._version = 0
 
-    def current(self) -> tuple[int, Snapshot]:
+    def current(self) -> tuple[int, PoolSnapshot]:
         with self._cond:
             return self._version, self._snap
 
-    def publish(self, snap: Snapshot) -> bool:
+    def publish(self, snap: PoolSnapshot) -> bool:
         """Make ``snap`` current; True when it changed (and every waiting stream was woken)."""
         with self._cond:
             if snap == self._snap:
@@ -70,7 +70,7 @@ class Board:
             self._cond.notify_all()
             return True
 
-    def wait_newer(self, seen: int, timeout: float) -> tuple[int, Snapshot] | None:
+    def wait_newer(self, seen: int, timeout: float) -> tuple[int, PoolSnapshot] | None:
         """The snapshot after version ``seen``, or None when none came within ``timeout`` (or a poke)."""
         with self._cond:
             if self._version == seen:
@@ -85,8 +85,11 @@ class Board:
             self._cond.notify_all()
 
 
-def device_list(snap: Snapshot) -> pb.ListAndWatchResponse:
-    """kubelet's view of ``snap``: every bond, its health, its NUMA node when it has one (numa >= 0)."""
+def device_list(snap: PoolSnapshot) -> pb.ListAndWatchResponse:
+    """kubelet's view of ``snap``: every bond, its health, its NUMA node when it has one (numa >= 0);
+    for a shared pool, its ``count`` virtual devices (:mod:`rdma_cni.deviceplugin.shared`)."""
+    if isinstance(snap, SharedSnapshot):
+        return shared_device_list(snap)
     healthy = {h.id: h.healthy for h in snap.health}
     out = pb.ListAndWatchResponse()
     for bond in snap.bonds:
@@ -94,6 +97,19 @@ def device_list(snap: Snapshot) -> pb.ListAndWatchResponse:
         if bond.numa is not None and bond.numa >= 0:
             dev.topology.nodes.add(ID=bond.numa)
     return out
+
+
+def shared_device_list(snap: SharedSnapshot) -> pb.ListAndWatchResponse:
+    """``count`` devices, all with the pool's health and the NUMA nodes of all its HCAs; none while it
+    selects no HCA (as Mellanox's plugin: nothing to share). Built once per change; 1000 devices
+    are ~20 kB on the wire."""
+    if not snap.hcas:
+        return pb.ListAndWatchResponse()
+    health = HEALTHY if snap.healthy else UNHEALTHY
+    topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in snap.numa_nodes()])
+    devices = [pb.Device(ID=i, health=health, topology=topology if topology.nodes else None)
+               for i in virtual_ids(snap.count)]
+    return pb.ListAndWatchResponse(devices=devices)
 
 
 def _first_available(available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
@@ -194,7 +210,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             available, must = list(req.available_deviceIDs), list(req.must_include_deviceIDs)
             size = req.allocation_size
             try:
-                picks = allocation.preferred(snap, available, must, size)
+                if isinstance(snap, SharedSnapshot):
+                    picks = shared.preferred(available, must, size)
+                else:
+                    picks = allocation.preferred(snap, available, must, size)
             except Exception:  # never fail kubelet's allocation for a bug of ours: answer plainly
                 log.exception("preferred allocation failed for %s of %s; answering the first ones", size,
                               available)
@@ -208,7 +227,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         for req in request.container_requests:
             ids = list(req.devices_ids)
             try:
-                alloc = allocation.allocate(snap, ids, self._cfg)
+                if isinstance(snap, SharedSnapshot):
+                    alloc = shared.allocate(snap, ids, self._cfg)
+                else:
+                    alloc = allocation.allocate(snap, ids, self._cfg)
             except allocation.AllocationError as e:
                 code, text = _allocation_status(snap, e)
                 log.warning("Allocate %s refused: %s", ids, text)
@@ -231,10 +253,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()  # pre_start_required is false: nothing to prepare
 
 
-def _allocation_status(snap: Snapshot, e: allocation.AllocationError) -> tuple[grpc.StatusCode, str]:
+def _allocation_status(snap: PoolSnapshot, e: allocation.AllocationError) -> tuple[grpc.StatusCode, str]:
     """Unknown ID -> INVALID_ARGUMENT (kubelet asked for what we never listed); a known one that cannot
     be given now (unhealthy) -> FAILED_PRECONDITION. The text always names the ID."""
-    known = {b.id for b in snap.bonds}
+    if isinstance(snap, SharedSnapshot):
+        known = set(virtual_ids(snap.count))
+    else:
+        known = {b.id for b in snap.bonds}
     code = grpc.StatusCode.FAILED_PRECONDITION if e.device_id in known else grpc.StatusCode.INVALID_ARGUMENT
     text = str(e)
     if e.device_id not in text:

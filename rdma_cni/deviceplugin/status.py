@@ -6,12 +6,21 @@ a reader in another process never sees a torn file::
     {"resourceName": "tke.cloud.tencent.com/tke-shared-rdma", "registered": true, "registrations": 3,
      "endpoint": "tke-shared-rdma-1700000000123.sock", "pid": 4242, "updated": 1700000000.5,
      "allocations": 7,
-     "devices": [{"id": "mlx5_bond_0", "netdev": "bond0", "numa": 0, "healthy": true, "reason": ""}]}
+     "devices": [{"id": "mlx5_bond_0", "netdev": "bond0", "numa": 0, "healthy": true, "reason": ""}],
+     "pools": [{"resourceName": ..., "mode": "exclusive", "count": 8, "healthy": true, "registered": true,
+                "registrations": 3, "endpoint": ..., "allocations": 7, "devices": [...]},
+               {"resourceName": "rdma/hca_shared_devices_a", "mode": "shared", "count": 200,
+                "healthy": true, ..., "hcas": [{"id": "mlx5_4", "netdevs": ["ibs108"], "linkLayer":
+                "InfiniBand", "pci": "0000:1b:00.0", "numa": 1, "healthy": true, "reason": ""}]}]}
+
+The top-level fields are the first pool's (with one pool, the file reads as it always did);
+``pools`` has every pool, each updated through its own :class:`PoolStatus`.
 
 Usage::
 
-    status = StatusFile(status_path(cfg.run_dir), cfg.resource_name)
-    status.devices(snap); status.update(registered=True, endpoint="...")
+    status = StatusFile(status_path(cfg.run_dir), cfg.resource_name, cfg.pool_specs())
+    pool = status.pool("rdma/hca_shared_devices_a")
+    pool.snapshot(snap); pool.registered("hca_shared_devices_a-1700….sock")
 """
 
 from __future__ import annotations
@@ -20,11 +29,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rdma_cni import durable
 from rdma_cni.deviceplugin.inventory import Snapshot
+from rdma_cni.deviceplugin.pools import PoolSnapshot, PoolSpec, SharedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +53,47 @@ def device_rows(snap: Snapshot) -> list[dict[str, Any]]:
     return rows
 
 
+def hca_rows(snap: SharedSnapshot) -> list[dict[str, Any]]:
+    health = {h.id: h for h in snap.health}
+    rows = []
+    for hca in snap.hcas:
+        h = health.get(hca.id)
+        rows.append({"id": hca.id, "netdev": hca.netdev, "netdevs": list(hca.netdevs),
+                     "linkLayer": hca.link_layer, "pci": hca.pci, "numa": hca.numa,
+                     "healthy": bool(h and h.healthy), "reason": h.reason if h else "no health known"})
+    return rows
+
+
+def pool_fields(snap: PoolSnapshot) -> dict[str, Any]:
+    """What a pool's entry says of its snapshot: its count, health and members."""
+    if isinstance(snap, SharedSnapshot):
+        return {"count": snap.count, "healthy": snap.healthy, "hcas": hca_rows(snap)}
+    rows = device_rows(snap)
+    return {"count": len(rows), "healthy": any(r["healthy"] for r in rows), "devices": rows}
+
+
 class StatusFile:
     """The document in memory plus its file. ``update`` changes the document (only when a field really
     changed) and wakes a writer thread, which writes the latest document: an Allocate never waits for
     a file write, a burst of changes is one write, and readers always get a whole, recent file.
     ``close`` writes what is pending and stops the writer."""
 
-    def __init__(self, path: str, resource_name: str) -> None:
+    def __init__(self, path: str, resource_name: str, pools: Sequence[PoolSpec] = ()) -> None:
         self.path = path
         self._cond = threading.Condition()
+        first = pools[0].resource_name if pools else resource_name
         self._doc: dict[str, Any] = {
-            "resourceName": resource_name, "registered": False, "registrations": 0, "endpoint": "",
+            "resourceName": first, "registered": False, "registrations": 0, "endpoint": "",
             "pid": os.getpid(), "updated": 0.0, "allocations": 0, "devices": [],
         }
+        if pools:
+            self._doc["pools"] = [
+                {"resourceName": p.resource_name, "mode": p.mode, "count": p.count,
+                 "selection": p.selection(),
+                 "healthy": False, "registered": False, "registrations": 0, "endpoint": "",
+                 "allocations": 0}
+                for p in pools
+            ]
         self._version = 0
         self._closed = False
         self._failed = False
@@ -78,6 +116,27 @@ class StatusFile:
 
     def count_allocations(self, n: int) -> None:
         self._change(lambda doc: {"allocations": doc["allocations"] + n})
+
+    def pool(self, resource_name: str) -> PoolStatus:
+        return PoolStatus(self, resource_name)
+
+    def change_pool(self, resource_name: str, fields_of: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """Apply ``fields_of(entry)`` to the pool's entry; the first pool's also to the top level."""
+
+        def change(doc: dict[str, Any]) -> dict[str, Any]:
+            pools = [dict(p) for p in doc.get("pools", [])]
+            top: dict[str, Any] = {}
+            for i, entry in enumerate(pools):
+                if entry["resourceName"] == resource_name:
+                    new = fields_of(entry)
+                    entry.update(new)
+                    if i == 0:
+                        top = {k: v for k, v in new.items() if k in doc or k == "hcas"}
+                        if "hcas" in new:  # the top level's devices: a shared first pool's HCAs
+                            top["devices"] = top.pop("hcas")
+            return {**top, "pools": pools}
+
+        self._change(change)
 
     def close(self, timeout: float = 5.0) -> None:
         with self._cond:
@@ -117,3 +176,24 @@ class StatusFile:
             self._failed = True
         else:
             self._failed = False
+
+
+class PoolStatus:
+    """One pool's part of the status file, with the calls the registration loop makes."""
+
+    def __init__(self, status: StatusFile, resource_name: str) -> None:
+        self._status = status
+        self._name = resource_name
+
+    def update(self, **fields: Any) -> None:
+        self._status.change_pool(self._name, lambda entry: fields)
+
+    def snapshot(self, snap: PoolSnapshot) -> None:
+        self._status.change_pool(self._name, lambda entry: pool_fields(snap))
+
+    def registered(self, endpoint: str) -> None:
+        self._status.change_pool(self._name, lambda e: {"registered": True, "endpoint": endpoint,
+                                                        "registrations": e["registrations"] + 1})
+
+    def count_allocations(self, n: int) -> None:
+        self._status.change_pool(self._name, lambda e: {"allocations": e["allocations"] + n})

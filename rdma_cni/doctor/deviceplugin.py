@@ -1,98 +1,30 @@
-"""The device plugin as the node sees it: what ``rdma-device-plugin`` says about itself (its status
-file), what kubelet says (PodResources: allocatable devices, and which pod holds which), and whether
-the bonds whose IPs the pods hold are the RDMA devices kubelet mounted in them.
+"""The device plugin as the doctor judges it: registered, its devices healthy, kubelet agreeing, and
+whether the bonds whose IPs the pods hold are the RDMA devices kubelet mounted in them.
 
-    view = observe_device_plugin(paths, run_dir, resource)   # once per doctor/state run
-    for a in bond_allocations(snap, pod_of):                 # per bond: kubelet's pod vs the IP's pod
+    for a in bond_allocations(view, bonds, pins, pod_of):   # per bond: kubelet's pod vs the IP's pod
         print(a.bond, a.allocated_to, a.held_by, a.verdict)
 
-The status file (``<run_dir>/device-plugin/status.json``, written atomically by the plugin on every
-change) is ``{"resourceName", "registered", "registrations", "endpoint", "pid", "updated",
-"allocations", "devices": [{"id", "netdev", "numa", "healthy", "reason"}]}``.
+What it judges was read once by :func:`rdma_cni.doctor.node.observe` (the status file and
+kubelet's PodResources: :mod:`rdma_cni.doctor.plugin_view`); this module only reads the snapshot.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding
+from rdma_cni.doctor.node import NodeSnapshot, pod_names
+from rdma_cni.doctor.plugin_view import (  # re-exported: callers knew them here
+    ABSENT,
+    DEFAULT_RESOURCE,
+    STATUS_FILE,
+    DevicePluginView,
+    observe_device_plugin,
+)
 
-if TYPE_CHECKING:
-    from rdma_cni.doctor.node import NodeSnapshot
-
-DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
-STATUS_FILE = os.path.join("device-plugin", "status.json")
-ABSENT = "absent"
-PodKey = tuple[str, str]
-
-
-@dataclass
-class DevicePluginView:
-    resource: str
-    status_path: str
-    status: dict[str, Any] | None
-    status_error: str  # "" = read; ABSENT; else why it could not be read
-    socket: str
-    pods: dict[PodKey, dict[str, list[str]]] | None  # None: kubelet not asked/answering
-    allocatable: list[tuple[str, tuple[int, ...]]] | None  # (device ID, NUMA) of ``resource``
-    kubelet_error: str  # "" = answered; ABSENT = no socket; else the client's sentence
-
-    def allocated(self) -> dict[str, str]:
-        """Device ID of ``resource`` -> "namespace/name" of the pod kubelet gave it to."""
-        out: dict[str, str] = {}
-        for (ns, name), devices in (self.pods or {}).items():
-            for dev in devices.get(self.resource, []):
-                out[dev] = f"{ns}/{name}"
-        return out
-
-    def known_ids(self) -> set[str]:
-        """IDs kubelet knows for ``resource``: allocatable now or allocated to a pod."""
-        return {d for d, _ in self.allocatable or []} | set(self.allocated())
-
-
-def observe_device_plugin(
-    pod_resources_dir: str, run_dir: str, resource: str, timeout: float = 3.0
-) -> DevicePluginView:
-    status_path = os.path.join(run_dir, STATUS_FILE)
-    status, status_error = _read_status(status_path)
-    if status and isinstance(status.get("resourceName"), str) and status["resourceName"]:
-        resource = status["resourceName"]
-    from rdma_cni.kube import podresources
-
-    sock = podresources.socket_path(pod_resources_dir)
-    pods: dict[PodKey, dict[str, list[str]]] | None = None
-    alloc: list[tuple[str, tuple[int, ...]]] | None = None
-    kubelet_error = ABSENT
-    if podresources.available(sock):
-        try:
-            pods = podresources.list_pods(sock, timeout)
-            alloc = [
-                (a.device_id, a.numa)
-                for a in podresources.allocatable(sock, timeout)
-                if a.resource == resource
-            ]
-            kubelet_error = ""
-        except CniError as err:
-            kubelet_error = err.msg
-    return DevicePluginView(resource, status_path, status, status_error, sock, pods, alloc, kubelet_error)
-
-
-def _read_status(path: str) -> tuple[dict[str, Any] | None, str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return None, ABSENT
-    except (OSError, ValueError) as exc:
-        return None, f"{path} cannot be read: {exc}"
-    if not isinstance(doc, dict) or not isinstance(doc.get("devices", []), list):
-        return None, f"{path} is not a device plugin status (an object with a devices list)"
-    return doc, ""
+__all__ = ["ABSENT", "DEFAULT_RESOURCE", "STATUS_FILE", "DevicePluginView", "observe_device_plugin"]
 
 
 # ---------------------------------------------------------------- cni-tool doctor
@@ -105,6 +37,8 @@ def check_device_plugin(view: DevicePluginView | None) -> list[Finding]:
     if view.status is None:
         return [_without_status(view)]
     st = view.status
+    if isinstance(st.get("pools"), list):
+        return check_pools(view, [p for p in st["pools"] if isinstance(p, dict)])
     out = [_registration(view, st)]
     devices = [d for d in st.get("devices", []) if isinstance(d, dict)]
     healthy = [d for d in devices if d.get("healthy") is True]
@@ -131,6 +65,113 @@ def check_device_plugin(view: DevicePluginView | None) -> list[Finding]:
         out.append(_device_line(d))
     out += _kubelet_agrees(view, {str(d.get("id")) for d in healthy})
     return out
+
+
+def check_pools(view: DevicePluginView, pools: list[dict[str, Any]]) -> list[Finding]:
+    """A plugin serving pools: per pool its resource, mode, count, members and health, and whether
+    kubelet has as many allocatable as the pool says. One dead HCA of a live shared pool is a WARN
+    (the pool still works, with fewer HCAs); a pool with none usable is a FAIL."""
+    st = view.status or {}
+    out = [
+        Finding(
+            "device-plugin",
+            OK,
+            f"rdma-device-plugin (pid {st.get('pid', '?')}) serves {len(pools)} "
+            f"pool(s): {', '.join(str(p.get('resourceName')) for p in pools)}",
+        )
+    ]
+    for pool in pools:
+        out += _pool_lines(view, pool)
+    return out
+
+
+def _pool_lines(view: DevicePluginView, pool: dict[str, Any]) -> list[Finding]:
+    name = str(pool.get("resourceName", "?"))
+    check = f"device-plugin {name}"
+    members = [m for m in pool.get("hcas", pool.get("devices", [])) if isinstance(m, dict)]
+    dead = [m for m in members if m.get("healthy") is not True]
+    what = "HCAs" if "hcas" in pool else "bonds"
+    ids = (
+        ", ".join(f"{m.get('id')}{'' if m.get('healthy') is True else ' (UNHEALTHY)'}" for m in members)
+        or "none"
+    )
+    head = (
+        f"{name}: {pool.get('mode', '?')}, {pool.get('count', '?')} devices, {what} {ids}, "
+        f"{'healthy' if pool.get('healthy') else 'UNHEALTHY'}, {pool.get('allocations', 0)} allocations"
+    )
+    out = []
+    if pool.get("registered") is not True:
+        out.append(
+            Finding(
+                check,
+                FAIL,
+                f"{head}; NOT registered with kubelet",
+                "is kubelet running? See the plugin's log for this resource",
+            )
+        )
+    elif not members:
+        out.append(
+            Finding(
+                check,
+                WARN,
+                f"{head}: it selects nothing, pods asking for {name} stay Pending",
+                f"check the pool's selectors ({pool.get('selection', '?')}) against `cni-tool gids`",
+            )
+        )
+    elif not pool.get("healthy"):
+        out.append(
+            Finding(
+                check,
+                FAIL,
+                f"{head}: no member is usable, pods asking for {name} stay Pending",
+                "the members below say why",
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                check,
+                WARN if dead else OK,
+                head,
+                "the pool works with fewer members; fix the ones below" if dead else "",
+            )
+        )
+    for m in dead:
+        out.append(
+            Finding(
+                f"{check} {m.get('id')}",
+                WARN,
+                f"UNHEALTHY: {m.get('reason') or 'no reason given'}",
+                "fix the cause named; kubelet gets it back within a second once it is gone",
+            )
+        )
+    out += _pool_kubelet(view, name, pool, members)
+    return out
+
+
+def _pool_kubelet(
+    view: DevicePluginView, name: str, pool: dict[str, Any], members: list[dict[str, Any]]
+) -> list[Finding]:
+    if view.kubelet_error or view.allocatable_by is None:
+        return []
+    if pool.get("mode") == "shared":
+        want = int(pool.get("count") or 0) if pool.get("healthy") and members else 0
+    else:
+        want = sum(1 for m in members if m.get("healthy") is True)
+    have = view.allocatable_by.get(name, 0)
+    if have == want:
+        return [
+            Finding(f"device-plugin {name} kubelet", OK, f"kubelet: {have} allocatable, as the plugin says")
+        ]
+    return [
+        Finding(
+            f"device-plugin {name} kubelet",
+            WARN,
+            f"kubelet has {have} {name} allocatable, the plugin says {want}",
+            "kubelet has not got the plugin's latest list: check again in a few seconds; "
+            "if it stays, restart rdma-device-plugin",
+        )
+    ]
 
 
 def _without_status(view: DevicePluginView) -> Finding:
@@ -318,8 +359,6 @@ def _judge(bond: str, key: str, to: str, held: str, named: bool) -> BondAllocati
 
 def snapshot_allocations(snap: NodeSnapshot) -> list[BondAllocation]:
     """:func:`bond_allocations` of what ``observe`` read (pod names from the libcni caches)."""
-    from rdma_cni.doctor.inventory import pod_names
-
     bonds = {p.netdev: p.device for p in snap.ports if p.netdev}
     pins = {b.bond: rec.container_id for rec in snap.attachments for b in rec.bonds}
     names: dict[str, str] = {}
@@ -332,15 +371,23 @@ def snapshot_allocations(snap: NodeSnapshot) -> list[BondAllocation]:
     return bond_allocations(snap.device_plugin, bonds, pins, pod_of)
 
 
+def _shared_resource(view: DevicePluginView) -> bool:
+    """The resource is served by a shared pool of this plugin (its status file says so)."""
+    pools = (view.status or {}).get("pools", [])
+    return any(
+        isinstance(p, dict) and p.get("resourceName") == view.resource and p.get("mode") == "shared"
+        for p in pools
+        if isinstance(pools, list)
+    )
+
+
 def pods_without_rdma(snap: NodeSnapshot) -> list[BondAllocation]:
     """Pods kubelet gave devices of the resource whose IDs name no bond (a shared plugin's "0", "1"…)
     and that hold no bond at all: their annotation names no RDMA network (or their ADD has not run).
     Bond-named IDs are judged per bond by :func:`snapshot_allocations`."""
-    from rdma_cni.doctor.inventory import pod_names
-
     view = snap.device_plugin
-    if view is None or view.pods is None:
-        return []
+    if view is None or view.pods is None or _shared_resource(view):
+        return []  # a shared pool's pods hold no bond of rdma-macvlan's (ipvlan, or hostNetwork)
     bond_ids = {p.device for p in snap.ports} | {p.netdev for p in snap.ports if p.netdev}
     holders = {pod_names(snap.paths.results_dirs, rec.container_id) for rec in snap.attachments}
     out = []

@@ -17,21 +17,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rdma_cni.doctor.deviceplugin import ABSENT, DevicePluginView
-from rdma_cni.doctor.node import NodeSnapshot
+from rdma_cni.doctor.deviceplugin import pods_without_rdma, snapshot_allocations
+from rdma_cni.doctor.node import NodeSnapshot, pod_names
+from rdma_cni.doctor.plugin_view import ABSENT, DevicePluginView
 from rdma_cni.state import AttachmentRecord, BondRecord, bond_drift
-
-
-def pod_names(results_dirs: tuple[str, ...], container_id: str) -> str:
-    """``namespace/name`` of the pod whose sandbox is ``container_id``, from any libcni cache."""
-    from rdma_cni.cni.cache import ResultCache
-
-    for d in results_dirs:
-        for entry in ResultCache(d).entries(container_id=container_id):
-            args = dict(entry.cni_args)
-            if args.get("K8S_POD_NAME"):
-                return f"{args.get('K8S_POD_NAMESPACE', '?')}/{args['K8S_POD_NAME']}"
-    return ""
 
 
 def _addresses(rec: AttachmentRecord, bond: str) -> list[str]:
@@ -116,8 +105,6 @@ def _last_known(snap: NodeSnapshot, netdev: str) -> str:
 
 
 def inventory(snap: NodeSnapshot) -> dict[str, Any]:
-    from rdma_cni.doctor.deviceplugin import pods_without_rdma, snapshot_allocations
-
     pins = {b.bond: rec.container_id for rec in snap.attachments for b in rec.bonds}
     allocs = {a.bond: a for a in snapshot_allocations(snap)}
     bonds = []

@@ -13,15 +13,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rdma_cni.cni.errors import CniError
+from rdma_cni.doctor.plugin_view import DEFAULT_RESOURCE, DevicePluginView, observe_device_plugin
 from rdma_cni.rdma import records, sysfs
 from rdma_cni.rdma.sysfs import GidEntry, RdmaPort
 from rdma_cni.state import AttachmentRecord, NodeState, SkippedRestore
-
-if TYPE_CHECKING:
-    from rdma_cni.doctor.deviceplugin import DevicePluginView
 
 DELEGATE_SUBDIR = "rdma-multus.d"
 DELEGATE_NAME = "tke-rdma-macvlan"
@@ -65,6 +63,18 @@ class NodeSnapshot:
     device_plugin: DevicePluginView | None = None  # the plugin's status file and kubelet's PodResources
 
 
+def pod_names(results_dirs: tuple[str, ...], container_id: str) -> str:
+    """``namespace/name`` of the pod whose sandbox is ``container_id``, from any libcni cache."""
+    from rdma_cni.cni.cache import ResultCache
+
+    for d in results_dirs:
+        for entry in ResultCache(d).entries(container_id=container_id):
+            args = dict(entry.cni_args)
+            if args.get("K8S_POD_NAME"):
+                return f"{args.get('K8S_POD_NAMESPACE', '?')}/{args['K8S_POD_NAME']}"
+    return ""
+
+
 def delegate_config(paths: NodePaths) -> dict[str, Any] | None:
     path = os.path.join(paths.conf_dir, DELEGATE_SUBDIR, f"{DELEGATE_NAME}.conf")
     try:
@@ -83,8 +93,6 @@ def _dirs(paths: NodePaths) -> tuple[str, str]:
 
 
 def observe(paths: NodePaths) -> NodeSnapshot:
-    from rdma_cni.doctor.deviceplugin import DEFAULT_RESOURCE, observe_device_plugin
-
     data_dir, run_dir = _dirs(paths)
     errors: list[str] = []
     ports = sysfs.list_ports(paths.sysfs_root)
@@ -142,8 +150,11 @@ def _host_addresses(
                 if link is not None:
                     out[name] = [c for c in addresses.live_cidrs(ipr, link.index) if ":" not in c]
                     if ipv6 is not None:
-                        ipv6[name] = [addresses.cidr(a) for a in addresses.snapshot(ipr, link.index)
-                                      if addresses.is_ipv6(a)]
+                        ipv6[name] = [
+                            addresses.cidr(a)
+                            for a in addresses.snapshot(ipr, link.index)
+                            if addresses.is_ipv6(a)
+                        ]
         finally:
             ipr.close()
     finally:

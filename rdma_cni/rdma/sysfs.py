@@ -148,6 +148,11 @@ def _port_numbers(sysfs_root: str, device: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
+def port_numbers(sysfs_root: str, device: str) -> list[int]:
+    """The port numbers of ``device`` (empty while it has none)."""
+    return _port_numbers(sysfs_root, device)
+
+
 def _state(text: str | None) -> str:
     # "4: ACTIVE" -> "ACTIVE"
     if not text:

@@ -12,7 +12,11 @@ Mirrors the capture in ``shared/fixtures/sysfs-rxe-6.1`` (Soft-RoCE devices name
     class/infiniband_mad/{umad0,issm0} -> ...  (ibdev, port, dev)           SimBond(mad=True)
     devices/virtual/infiniband/mlx5_bond_0/device -> ../../../pci0000:00/0000:17:00.0  (numa_node)
                                                                           SimBond(numa_node=N)
+      .../0000:17:00.0/{vendor,device} (0x15b3, 0x101d), driver -> bus/pci/drivers/mlx5_core
     class/misc/rdma_cm -> ../../devices/virtual/misc/rdma_cm  (dev)        build_tree(rdma_cm=True)
+    class/infiniband/mlx5_4 -> ../../devices/pci0000:00/0000:1b:00.0/infiniband/mlx5_4   add_ib_hca()
+      ports/1/link_layer InfiniBand, gids/0 the port GID (type "IB/RoCE v1", no ndev)
+      .../0000:1b:00.0/net/ibs108 (type 32 = ARPHRD_INFINIBAND, dev_port 0) <- class/net/ibs108
     class/net/bond0 -> ../../devices/virtual/net/bond0 (address, ifindex, mtu, bonding/...)
     module/ib_core/parameters/netns_mode                                 Y (shared) / N (exclusive)
 
@@ -112,7 +116,10 @@ def ib_dir(root: str, device: str) -> str:
 
 
 def port_path(root: str, device: str, port: int) -> str:
-    return os.path.join(ib_dir(root, device), "ports", str(port))
+    """The port's directory, wherever the device lives (``devices/virtual`` or under its PCI function)."""
+    entry = os.path.join(root, "class", "infiniband", device)
+    base = os.path.realpath(entry) if os.path.islink(entry) else ib_dir(root, device)
+    return os.path.join(base, "ports", str(port))
 
 
 def _write_device(root: str, bond: SimBond, mac: str, slots: int) -> None:
@@ -180,15 +187,40 @@ def pci_address(n: int) -> str:
     return f"0000:{0x17 + n:02x}:00.0"
 
 
+MELLANOX = "0x15b3"
+CX6_DX = "0x101d"  # ConnectX-6 Dx (RoCE)
+CX6 = "0x101b"  # ConnectX-6 (InfiniBand HDR)
+
+
+def pci_dir(root: str, n: int) -> str:
+    return os.path.join(root, "devices", "pci0000:00", pci_address(n))
+
+
+def write_pci_function(root: str, n: int, numa_node: int, device_id: str = CX6_DX,
+                       vendor: str = MELLANOX, driver: str = "mlx5_core") -> str:
+    """A PCI function as the kernel shows it: ``vendor``, ``device``, ``numa_node``, the ``driver``
+    link into ``bus/pci/drivers`` and the ``bus/pci/devices`` link back. Returns its directory."""
+    pci = pci_dir(root, n)
+    put(os.path.join(pci, "numa_node"), f"{numa_node}\n")
+    put(os.path.join(pci, "vendor"), vendor + "\n")
+    put(os.path.join(pci, "device"), device_id + "\n")
+    put(os.path.join(pci, "class"), "0x020000\n" if device_id != CX6 else "0x020700\n")
+    drivers = os.path.join(root, "bus", "pci", "drivers", driver)
+    os.makedirs(drivers, exist_ok=True)
+    _link(os.path.relpath(drivers, pci), os.path.join(pci, "driver"))
+    bus = os.path.join(root, "bus", "pci", "devices", pci_address(n))
+    _link(os.path.relpath(pci, os.path.dirname(bus)), bus)
+    return pci
+
+
 def set_numa_node(root: str, device: str, numa_node: int | None, n: int = 0) -> None:
-    """Give ``device`` a PCI parent whose ``numa_node`` reads ``numa_node`` (None: no parent at all)."""
+    """Give ``device`` a PCI parent (a ConnectX-6 Dx function) whose ``numa_node`` reads
+    ``numa_node`` (None: no parent at all)."""
     link = os.path.join(ib_dir(root, device), "device")
     if numa_node is None:
         _unlink(link)
         return
-    pci = os.path.join(root, "devices", "pci0000:00", pci_address(n))
-    put(os.path.join(pci, "numa_node"), f"{numa_node}\n")
-    put(os.path.join(pci, "vendor"), "0x15b3\n")  # Mellanox
+    pci = write_pci_function(root, n, numa_node)
     _link(os.path.relpath(pci, ib_dir(root, device)), link)
 
 
@@ -283,3 +315,51 @@ def set_port_state(root: str, device: str, port: int, active: bool) -> None:
     base = port_path(root, device, port)
     put(os.path.join(base, "state"), ("4: ACTIVE" if active else "1: DOWN") + "\n")
     put(os.path.join(base, "phys_state"), ("5: LinkUp" if active else "2: Polling") + "\n")
+
+
+@dataclass(frozen=True)
+class SimIbHca:
+    """An InfiniBand HCA on a PCI function of its own, with its IPoIB netdev (``ipoib``, or None)."""
+
+    device: str  # mlx5_4
+    ipoib: str | None  # ibs108
+    pci_index: int  # its PCI address is pci_address(pci_index)
+    uverbs: int  # N of uverbsN, umadN, issmN
+    numa_node: int = 0
+    device_id: str = CX6
+    ifindex: int = 0
+
+
+def add_ib_hca(root: str, hca: SimIbHca) -> str:
+    """Add ``hca`` to the tree as the kernel lays out an mlx5 InfiniBand port (see the module doc);
+    its port is ACTIVE. Returns the device's directory."""
+    pci = write_pci_function(root, hca.pci_index, hca.numa_node, hca.device_id)
+    base = os.path.join(pci, "infiniband", hca.device)
+    guid = f"b8ce:f603:00{hca.pci_index:02x}:{hca.uverbs:04x}"
+    for name, text in (("node_guid", guid), ("sys_image_guid", guid), ("node_type", "1: CA"),
+                       ("fw_ver", "20.31.1014"), ("hca_type", "MT4123")):
+        put(os.path.join(base, name), text + "\n")
+    port = os.path.join(base, "ports", "1")
+    for name, text in (("link_layer", "InfiniBand"), ("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"),
+                       ("rate", "200 Gb/sec (4X HDR)"), ("lid", f"0x{hca.uverbs + 1:x}"), ("sm_lid", "0x1"),
+                       ("lid_mask_count", "0"), ("cap_mask", "0xa651e848")):
+        put(os.path.join(port, name), text + "\n")
+    put(os.path.join(port, "pkeys", "0"), "0xffff\n")
+    put(os.path.join(port, "gids", "0"), f"fe80:0000:0000:0000:{guid}\n")
+    put(os.path.join(port, "gid_attrs", "types", "0"), "IB/RoCE v1\n")  # an IB GID has no ndev
+    _link(os.path.relpath(pci, base), os.path.join(base, "device"))
+    _link(os.path.relpath(base, os.path.join(root, "class", "infiniband")),
+          os.path.join(root, "class", "infiniband", hca.device))
+    _write_uverbs(root, hca.device, hca.uverbs)
+    _write_mad(root, hca.device, hca.uverbs)
+    if hca.ipoib:
+        net = os.path.join(pci, "net", hca.ipoib)
+        hexguid = guid.replace(":", "")
+        mac = "00:00:10:29:fe:80:00:00:00:00:00:00:" + ":".join(hexguid[i : i + 2] for i in range(0, 16, 2))
+        for name, text in (("type", "32"), ("dev_port", "0"), ("address", mac), ("mtu", "2044"),
+                           ("operstate", "up"), ("carrier", "1"), ("ifindex", str(hca.ifindex))):
+            put(os.path.join(net, name), text + "\n")
+        _link(os.path.relpath(pci, net), os.path.join(net, "device"))
+        entry = os.path.join(root, "class", "net", hca.ipoib)
+        _link(os.path.relpath(net, os.path.dirname(entry)), entry)
+    return base

@@ -23,7 +23,10 @@ Series (labels in braces):
 * ``rdma_cni_state_records{phase}``, ``rdma_cni_state_unreadable_records``;
 * ``rdma_cni_device_plugin_*``: ``status_readable``, ``registered{resource}``,
   ``registrations_total``, ``allocations_total``, ``devices{health}``,
-  ``device_healthy{device,netdev}``, ``status_updated_timestamp_seconds``;
+  ``device_healthy{device,netdev}``, ``status_updated_timestamp_seconds`` (the first pool's, as
+  before pools); per pool ``pool_devices{resource,mode}``, ``pool_healthy{resource,mode}``,
+  ``pool_allocations_total{resource}``, ``pool_member_healthy{resource,member,netdev}`` (one dead
+  HCA of a live shared pool shows here, not as a pool outage);
 * ``rdma_cni_bond_addresses{bond,state="held|free"}`` and ``rdma_cni_pod_address{bond,address,
   pod_namespace,pod}`` (1 live, 0 netns gone): shared mode's pools, from the rdma-ipvlan network
   config found under ``--conf-dir`` (``cni-tool state``'s numbers);
@@ -294,7 +297,7 @@ class NodeCollector(Collector):
         it kept them) the libcni result cache's."""
         if rec.pod_name:
             return rec.pod_namespace, rec.pod_name
-        from rdma_cni.doctor.inventory import pod_names
+        from rdma_cni.doctor.node import pod_names
 
         found = pod_names(self.results_dirs or src.results_dirs, rec.container_id)
         namespace, _, name = found.partition("/")
@@ -408,7 +411,36 @@ def _device_plugin_series(status: Mapping[str, Any]) -> list[Metric]:
         "When the device plugin last wrote its status (a stale one: the plugin is stuck or gone)",
     )
     updated.add_metric([], _number(status.get("updated")))
-    return [registered, registrations, allocations, by_health, per_device, updated]
+    pools = [p for p in status.get("pools", []) if isinstance(p, dict)]
+    for pool in pools[1:]:  # the first is the top level's, already above
+        registered.add_metric([str(pool.get("resourceName", ""))], 1 if pool.get("registered") is True else 0)
+    return [registered, registrations, allocations, by_health, per_device, updated, *_pool_series(pools)]
+
+
+def _pool_series(pools: list[dict[str, Any]]) -> list[Metric]:
+    """Every pool's count, health, allocations and members, labelled by its resource."""
+    count = GaugeMetricFamily("rdma_cni_device_plugin_pool_devices",
+                              "Devices a pool advertises to the kubelet", labels=["resource", "mode"])
+    healthy = GaugeMetricFamily("rdma_cni_device_plugin_pool_healthy",
+                                "1 while a pool can be allocated from (a shared pool: any HCA usable)",
+                                labels=["resource", "mode"])
+    allocations = CounterMetricFamily("rdma_cni_device_plugin_pool_allocations",
+                                      "Allocate container requests a pool answered", labels=["resource"])
+    members = GaugeMetricFamily("rdma_cni_device_plugin_pool_member_healthy",
+                                "1 when a pool's HCA (shared) or bond (exclusive) is usable",
+                                labels=["resource", "member", "netdev"])
+    for pool in pools:
+        name, mode = str(pool.get("resourceName", "")), str(pool.get("mode", ""))
+        rows = [m for m in pool.get("hcas", pool.get("devices", [])) if isinstance(m, dict)]
+        advertised = _number(pool.get("count")) if rows or mode != "shared" else 0.0
+        count.add_metric([name, mode], advertised)
+        healthy.add_metric([name, mode], 1 if pool.get("healthy") is True else 0)
+        allocations.add_metric([name], _number(pool.get("allocations")))
+        for m in rows:
+            netdev = m.get("netdev") or ",".join(str(n) for n in m.get("netdevs", []))
+            ok = 1 if m.get("healthy") is True else 0
+            members.add_metric([name, str(m.get("id", "")), str(netdev)], ok)
+    return [count, healthy, allocations, members] if pools else []
 
 
 def _number(value: object) -> float:

@@ -1,0 +1,94 @@
+"""What the node says about the device plugin, read once per doctor/state run: the plugin's own status
+file and kubelet's PodResources (allocatable devices, and which pod holds which).
+
+Nothing in :mod:`rdma_cni.doctor` is imported here: the node snapshot (:mod:`rdma_cni.doctor.node`)
+reads this, and the checks read the snapshot, so the arrows run one way.
+
+    view = observe_device_plugin(pod_resources_dir, run_dir, resource)
+
+The status file (``<run_dir>/device-plugin/status.json``, written atomically by the plugin on every
+change) is ``{"resourceName", "registered", "registrations", "endpoint", "pid", "updated",
+"allocations", "devices": [{"id", "netdev", "numa", "healthy", "reason"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rdma_cni.cni.errors import CniError
+
+DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
+STATUS_FILE = os.path.join("device-plugin", "status.json")
+ABSENT = "absent"
+PodKey = tuple[str, str]
+
+
+@dataclass
+class DevicePluginView:
+    resource: str
+    status_path: str
+    status: dict[str, Any] | None
+    status_error: str  # "" = read; ABSENT; else why it could not be read
+    socket: str
+    pods: dict[PodKey, dict[str, list[str]]] | None  # None: kubelet not asked/answering
+    allocatable: list[tuple[str, tuple[int, ...]]] | None  # (device ID, NUMA) of ``resource``
+    kubelet_error: str  # "" = answered; ABSENT = no socket; else the client's sentence
+    allocatable_by: dict[str, int] | None = None  # resource -> kubelet's allocatable count (every pool)
+
+    def allocated(self) -> dict[str, str]:
+        """Device ID of ``resource`` -> "namespace/name" of the pod kubelet gave it to."""
+        out: dict[str, str] = {}
+        for (ns, name), devices in (self.pods or {}).items():
+            for dev in devices.get(self.resource, []):
+                out[dev] = f"{ns}/{name}"
+        return out
+
+    def known_ids(self) -> set[str]:
+        """IDs kubelet knows for ``resource``: allocatable now or allocated to a pod."""
+        return {d for d, _ in self.allocatable or []} | set(self.allocated())
+
+
+def observe_device_plugin(
+    pod_resources_dir: str, run_dir: str, resource: str, timeout: float = 3.0
+) -> DevicePluginView:
+    status_path = os.path.join(run_dir, STATUS_FILE)
+    status, status_error = _read_status(status_path)
+    if status and isinstance(status.get("resourceName"), str) and status["resourceName"]:
+        resource = status["resourceName"]
+    from rdma_cni.kube import podresources
+
+    sock = podresources.socket_path(pod_resources_dir)
+    pods: dict[PodKey, dict[str, list[str]]] | None = None
+    alloc: list[tuple[str, tuple[int, ...]]] | None = None
+    counts: dict[str, int] | None = None
+    kubelet_error = ABSENT
+    if podresources.available(sock):
+        try:
+            pods = podresources.list_pods(sock, timeout)
+            every = podresources.allocatable(sock, timeout)
+            alloc = [(a.device_id, a.numa) for a in every if a.resource == resource]
+            counts = {}
+            for a in every:
+                counts[a.resource] = counts.get(a.resource, 0) + 1
+            kubelet_error = ""
+        except CniError as err:
+            kubelet_error = err.msg
+    return DevicePluginView(
+        resource, status_path, status, status_error, sock, pods, alloc, kubelet_error, counts
+    )
+
+
+def _read_status(path: str) -> tuple[dict[str, Any] | None, str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None, ABSENT
+    except (OSError, ValueError) as exc:
+        return None, f"{path} cannot be read: {exc}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices", []), list):
+        return None, f"{path} is not a device plugin status (an object with a devices list)"
+    return doc, ""
