@@ -404,3 +404,16 @@ def test_device_plugin_variants_are_valid_manifests_whose_config_loads(mark: str
              "cni_conf": str(tmp_path / "absent.conf")}
     cfg = load_config(flags, str(path))
     assert [(s.resource_name, s.mode, s.count) for s in cfg.pool_specs()] == want
+
+
+def test_shared_mode_example_reads_its_gid_index_from_the_network_status_annotation() -> None:
+    (doc,) = list(documents(K8S / "examples" / "shared-mode" / "nccl-gid-from-network-status.yaml"))
+    assert doc["metadata"]["annotations"][ANNOTATION].endswith(",tke-rdma-ipvlan")
+    (container,) = doc["spec"]["containers"]
+    assert int(container["resources"]["limits"][RDMA_RESOURCE]) == 1
+    (volume,) = doc["spec"]["volumes"]
+    (item,) = volume["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == "metadata.annotations['k8s.v1.cni.cncf.io/network-status']"
+    script = container["command"][2]
+    compile(script, "entrypoint", "exec")  # the entrypoint is valid Python
+    assert '"gid-index"' in script and "NCCL_IB_GID_INDEX" in script

@@ -116,3 +116,50 @@ def test_a_full_subnet_frees_the_addresses_of_pods_whose_netns_is_gone(node_ns: 
     res = s.plugin("ADD", conf, pods[2], container_id="c2")
     assert res.code == 0, res.stdout + res.stderr[-2000:]
     assert s.held() == {"bond0": {"198.51.100.3": "c2", "198.51.100.4": "c1"}}
+
+
+@pytest.mark.slow
+@pytest.mark.in_process_only
+def test_kill_at_random_moments_then_del_or_gc_leaks_no_address(node_ns: Node) -> None:
+    """ADDs killed after a random delay spread over a whole ADD, until 25 were really killed
+    mid-flight; after each, DEL (or every fifth time GC) leaves the node exact and nothing held."""
+    import random
+    import time
+
+    from netns import finish
+
+    n = node_ns
+    s = Shared(n)
+    s.bonds(2)
+    conf = s.config(masters=["bond0", "bond1"], cniVersion="1.1.0", ranges=RANGE)
+    before = n.snapshot()
+    pod = n.pod()
+    t0 = time.monotonic()
+    assert s.plugin("ADD", conf, pod, container_id="probe").code == 0
+    full = time.monotonic() - t0
+    assert s.plugin("DEL", conf, pod, container_id="probe").code == 0
+    rng = random.Random(20261201)
+    kills = 0
+    for i in range(80):
+        if kills >= 25:
+            break
+        pod = n.pod()
+        proc = s.start("ADD", conf, pod, container_id=f"r{i}")
+        time.sleep(rng.uniform(0.05, 0.95) * full)
+        proc.send_signal(signal.SIGKILL)
+        res = finish(proc)
+        if res.code == -signal.SIGKILL:
+            kills += 1
+        else:
+            full *= 0.8
+        if i % 5 == 0:
+            gc = dict(conf)
+            gc["cni.dev/valid-attachments"] = []
+            assert s.plugin("GC", gc).code == 0
+        else:
+            assert s.plugin("DEL", conf, pod if i % 2 else "", container_id=f"r{i}").code == 0
+        assert s.held() == {} and s.state_files() == [], i
+        assert n.snapshot() == before, i
+        n.delete_pod(pod)
+    assert kills >= 25
+    assert capacity(s, conf) == 3

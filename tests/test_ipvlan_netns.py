@@ -84,6 +84,11 @@ def test_each_bond_gets_a_pod_table_with_its_routes_from_the_pod_address_and_fro
         assert (f"198.51.100.{16 * b}/28", None, f"198.51.100.{16 * b + 3}") in dsts
     # a copy of the bond's route reaches its network from the pod's address, not the bond's
     assert n.ping(pod, "198.51.100.1", iface="bond0")
+    # each child answers ARP only for its own address (no ARP flux between bonds of one subnet)
+    for bond in ("bond0", "bond1"):
+        conf = {k: n.pod_exec(pod, "cat", f"/proc/sys/net/ipv4/conf/{bond}/{k}").stdout.strip()
+                for k in ("arp_ignore", "arp_announce", "arp_notify")}
+        assert conf == {"arp_ignore": "1", "arp_announce": "2", "arp_notify": "1"}, (bond, conf)
 
 
 def test_two_then_twelve_pods_fill_a_28_and_the_next_is_error_11_naming_bond_subnet_and_holders(
@@ -352,3 +357,77 @@ def test_a_pod_address_is_never_another_nodes_gateway_or_the_bonds_own_secondary
     out = add(s, conf, n.pod(), "c1")
     assert addresses_by_bond(out) == {"bond0": ["198.51.100.5"]}
     assert ipaddress.ip_address("198.51.100.5") in ipaddress.ip_network("198.51.100.0/28")
+
+
+COLD = """
+import json, sys
+from rdma_cni.cli.ipvlan import SPEC
+from rdma_cni.cni import dispatch
+out, code = dispatch.run(json.loads(sys.argv[1]), sys.argv[2].encode(), SPEC)
+print(json.dumps({"code": code, "out": out, "pyroute2": any(m.startswith("pyroute2") for m in sys.modules)}))
+"""
+
+
+@pytest.mark.in_process_only
+def test_a_cold_add_and_del_with_ipv4_and_ipv6_load_no_pyroute2(node_ns: Node) -> None:
+    """Every address, route and rule rdma-ipvlan sends is one rtcodec encodes: a cold ADD/DEL (the
+    fallback when no agent answers) pays for no pyroute2 import (~250 ms)."""
+    import json
+    import os
+    import sys
+
+    from netns import REPO
+
+    n = node_ns
+    s = Shared(n)
+    s.bonds(2, v6=True)
+    pod = n.pod()
+    conf = s.config(masters=masters(2))
+    for command in ("ADD", "DEL"):
+        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "cold", "CNI_NETNS": pod.path, "CNI_IFNAME": "net1",
+               "CNI_PATH": "/usr/lib/cni"}
+        proc = subprocess.run(
+            ["ip", "netns", "exec", n.name, sys.executable, "-c", COLD, json.dumps(env), json.dumps(conf)],
+            capture_output=True, text=True, cwd="/", check=True,
+            env={**os.environ, "PYTHONPATH": REPO, "RDMA_CNI_AGENT": "off"},
+        )  # fmt: skip
+        got = json.loads(proc.stdout)
+        assert got["code"] == 0 and got["pyroute2"] is False, (command, got)
+    assert s.held() == {}
+
+
+def test_two_bonds_on_one_subnet_never_give_one_address_twice(node_ns: Node) -> None:
+    """Bonds on one subnet share one segment: no pod address is another bond's own, and no two
+    children (of any bond) get the same address."""
+    n = node_ns
+    s = Shared(n)
+    n.bond("bond0", "198.51.100.2/28", peer="198.51.100.1/28")
+    n.bond("bond1", "198.51.100.3/28")
+    conf = s.config(masters=masters(2), exclude=["198.51.100.1"])
+    outs = [add(s, conf, n.pod(), f"c{i}") for i in range(2)]
+    assert [addresses_by_bond(o) for o in outs] == [
+        {"bond0": ["198.51.100.4"], "bond1": ["198.51.100.5"]},
+        {"bond0": ["198.51.100.6"], "bond1": ["198.51.100.7"]},
+    ]
+
+
+def test_concurrent_adds_each_get_addresses_of_their_own_and_concurrent_dels_free_them(node_ns: Node) -> None:
+    from netns import finish
+
+    n = node_ns
+    s = Shared(n)
+    s.bonds(2)
+    conf = s.config(masters=masters(2))
+    before = n.snapshot()
+    pods = [n.pod() for _ in range(6)]
+    procs = [s.start("ADD", conf, pod, container_id=f"cc{i}") for i, pod in enumerate(pods)]
+    outs = [finish(p) for p in procs]
+    assert all(o.code == 0 for o in outs), [o.stdout for o in outs if o.code]
+    got = [addresses_by_bond(o.out) for o in outs]
+    for bond in ("bond0", "bond1"):
+        ips = [g[bond][0] for g in got]
+        assert len(set(ips)) == 6, (bond, ips)
+    assert {ip for per in s.held().values() for ip in per} == {g[b][0] for g in got for b in g}
+    procs = [s.start("DEL", conf, pod, container_id=f"cc{i}") for i, pod in enumerate(pods)]
+    assert all(finish(p).code == 0 for p in procs)
+    assert s.held() == {} and n.snapshot() == before

@@ -90,7 +90,7 @@ def observe(conf_dir: str, netns: str = "", sysfs_root: str = "", data_dir: str 
     from rdma_cni.cni.errors import CniError
     from rdma_cni.net import addresses, links, routes
     from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
-    from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses
+    from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses, node_wide
     from rdma_cni.plugins.ipvlan.config import parse_del_config
     from rdma_cni.plugins.ipvlan.pool import free_count, parse_span
     from rdma_cni.rdma import sysfs
@@ -144,8 +144,9 @@ def observe(conf_dir: str, netns: str = "", sysfs_root: str = "", data_dir: str 
                 continue
             subnet, plen = subnets[0]
             pool.subnet, pool.prefixlen = str(subnet.network), plen
-            pool.free = free_count(subnet, spans, exclude, mine)
-            pool.size = pool.free + sum(1 for ip in mine if ip in subnet.network)
+            taken = node_wide(held)
+            pool.free = free_count(subnet, spans, exclude, taken)
+            pool.size = pool.free + sum(1 for ip in taken if ip in subnet.network)
     finally:
         sock.close()
         if ns is not None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from rdma_cni.net.nlsock import (
     IFF_LOOPBACK,
     IFF_UP,
+    IPV4_DEVCONF_ARP_ANNOUNCE,
+    IPV4_DEVCONF_ARP_IGNORE,
     IPV4_DEVCONF_ARP_NOTIFY,
     MACVLAN_MODE,
     LinkInfo,
@@ -97,7 +99,8 @@ def create_ipvlan(
 
 
 def configure_link(
-    pod: RtnlSocket, temp_name: str, name: str, mtu: int, addrgen_off: bool, arp_notify: bool = False
+    pod: RtnlSocket, temp_name: str, name: str, mtu: int, addrgen_off: bool, arp_notify: bool = False,
+    arp_own_only: bool = False,
 ) -> tuple[Link, bool]:
     """Rename, set MTU, (optionally) stop IPv6 address generation and arm ``arp_notify``, in one
     request; the link stays down. Returns the link as it is now (its MAC is final: nothing here
@@ -107,6 +110,10 @@ def configure_link(
     and could take the slot the pod's IPv4 GID must land in (lab/vm FINDINGS, V6 vs V7).
     ``arp_notify``: the kernel's gratuitous ARP at link-up (:mod:`rdma_cni.net.announce`), set
     here through ``IFLA_INET_CONF`` rather than by a sysctl write from inside the pod netns.
+    ``arp_own_only`` (with ``arp_notify``): ``arp_ignore=1, arp_announce=2``, answer ARP only for
+    the link's own addresses and ask with them: a pod with children of several bonds on one subnet
+    must not answer for one child's address on another (ARP flux; an ipvlan child has its parent's
+    MAC, so that answer steers the peer's traffic into the wrong bond).
     """
     link = get_link(pod, temp_name)
     if link is None:
@@ -116,10 +123,13 @@ def configure_link(
     attempts = list(dict.fromkeys(
         [(addrgen_off, arp_notify), (False, arp_notify), (addrgen_off, False), (False, False)]
     ))
+    conf = {IPV4_DEVCONF_ARP_NOTIFY: 1}
+    if arp_own_only:
+        conf.update({IPV4_DEVCONF_ARP_IGNORE: 1, IPV4_DEVCONF_ARP_ANNOUNCE: 2})
     for i, (addrgen, arp) in enumerate(attempts):
         try:
             pod.link_set(link.index, name=name, mtu=mtu, addrgen_mode=ADDR_GEN_MODE_NONE if addrgen else None,
-                         ipv4_conf={IPV4_DEVCONF_ARP_NOTIFY: 1} if arp else None)
+                         ipv4_conf=conf if arp else None)
             return replace(link, name=name, mtu=mtu), arp
         except OSError as exc:
             if i == len(attempts) - 1 or error_code(exc) not in (errno.EAFNOSUPPORT, errno.EOPNOTSUPP):

@@ -51,3 +51,9 @@ def held_addresses(state: NodeState) -> dict[str, dict[IPAddress, Attachment]]:
             for a in b.addresses:
                 out[b.bond][ipaddress.ip_address(addresses.ip_of(a))] = rec.key
     return out
+
+
+def node_wide(held: dict[str, dict[IPAddress, Attachment]]) -> dict[IPAddress, Attachment]:
+    """Every address any bond's pods hold: an address is the node's once, whichever bond it is on
+    (two bonds on one subnet share one segment; a choice checks against all of them)."""
+    return {ip: att for per_bond in held.values() for ip, att in per_bond.items()}

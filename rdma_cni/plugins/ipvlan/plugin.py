@@ -13,6 +13,8 @@ lists. STATUS: could an ADD succeed now (a master that exists, holds a subnet, h
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 import os
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.pod_links import pick_link_group
 from rdma_cni.net.rtnl import Record, attr
 from rdma_cni.plugins.ipvlan import tx
-from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses, no_ipv4
+from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses, no_ipv4, node_wide
 from rdma_cni.plugins.ipvlan.config import Pools, check_ranges, parse_config, parse_del_config
 from rdma_cni.plugins.ipvlan.pool import IPAddress, Subnet, choose, free_count
 from rdma_cni.rdma import gid, mode, records, sysfs
@@ -135,9 +137,12 @@ class IpvlanPlugin:
         held = addresses.snapshots(host, {v.link.index for v in views})
         found = routes.snapshot_routes_of(
             host, [(v.link.index, {addresses.ip_of(a) for a in held[v.link.index]}) for v in views])
+        # Two bonds on one subnet (one L2 segment) must not give a pod an address the other bond holds.
+        node_own = {ipaddress.ip_address(addresses.ip_of(a)) for recs in held.values() for a in recs}
         for v, bond_routes in zip(views, found, strict=True):
             v.routes = bond_routes
-            v.subnets = bond_subnets(v.link.name, held[v.link.index], bond_routes)
+            v.subnets = [(dataclasses.replace(sub, reserved=sub.reserved | node_own), plen)
+                         for sub, plen in bond_subnets(v.link.name, held[v.link.index], bond_routes)]
             if not v.subnets:
                 raise no_ipv4(v.link.name)
             for subnet, _ in v.subnets:
@@ -175,15 +180,19 @@ class IpvlanPlugin:
         held: dict[str, dict[IPAddress, Attachment]],
     ) -> IPAddress:
         spans = pools.ranges.get(subnet.bond, [])
-        ip = choose(subnet, spans, pools.exclude, held[subnet.bond])
+        ip = choose(subnet, spans, pools.exclude, node_wide(held))
         if ip is None and self._reclaim_dead(req, cfg, state):
+            ours = [(bond, a) for bond, per in held.items() for a, att in per.items()
+                    if att == req.attachment]
             held.clear()
             held.update(held_addresses(state))
-            ip = choose(subnet, spans, pools.exclude, held[subnet.bond])
+            for bond, a in ours:  # what this ADD chose for its earlier bonds is not on disk yet
+                held[bond][a] = req.attachment
+            ip = choose(subnet, spans, pools.exclude, node_wide(held))
         if ip is not None:
             return ip
         net = subnet.network
-        pods = {att for ip_, att in held[subnet.bond].items() if ip_ in net}
+        pods = {att for ip_, att in node_wide(held).items() if ip_ in net}
         where = f" within ranges {', '.join(s.describe() for s in spans)}" if spans else ""
         raise CniError(
             TRY_AGAIN_LATER,
@@ -344,7 +353,7 @@ class IpvlanPlugin:
                 if not subnets:
                     reasons.append(no_ipv4(m).msg)
                 for subnet, _ in subnets:
-                    if free_count(subnet, pools.ranges.get(m, []), pools.exclude, held[m]) <= 0:
+                    if free_count(subnet, pools.ranges.get(m, []), pools.exclude, node_wide(held)) <= 0:
                         reasons.append(f"{m}'s subnet {subnet.network} has no free address")
         finally:
             host.close()

@@ -93,7 +93,7 @@ def add_bond(ctx: AddContext, b: BondRecord, step: list[str]) -> None:
     step[0] = "configure pod interface"
     # No kernel-made link-local: it would take a RoCE GID slot of the shared table for nothing.
     pod_link, armed = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=True,
-                                           arp_notify=True)
+                                           arp_notify=True, arp_own_only=True)
     index = pod_link.index
     ctx.fp.hit("link-configured")
     step[0] = "add the pod's addresses"
