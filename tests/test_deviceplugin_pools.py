@@ -256,3 +256,42 @@ def test_an_hca_of_an_exclusive_pool_in_another_pool_is_a_conflict_naming_both()
     members["rdma/ib"] = ("mlx5_4", "mlx5_bond_1")  # shared pools may share an HCA with each other
     assert len(conflicts(specs, members)) == 2
     assert conflicts(specs[1:], {"rdma/a": ("x",), "rdma/ib": ("x",)}) == []
+
+
+def test_an_exclusive_pool_with_selectors_holds_its_bonds_and_keeps_a_vanished_one(
+    tree: tuple[str, str],
+) -> None:
+    from rdma_cni.deviceplugin.model import RdmaBond, Snapshot
+    from rdma_cni.deviceplugin.pools import exclusive_members
+
+    bonds = Snapshot(
+        tuple(RdmaBond(d, f"bond{i}", 1, i // 2, f"uverbs{i}") for i, d in enumerate(ROCE)), healthy(ROCE)
+    )
+    spec = PoolSpec(
+        "example.com/numa1", EXCLUSIVE, 0, parse_selectors({"rootDevices": ["19:00.0", "1a:00.0"]}, "s", "f")
+    )
+    hcas = read_hcas(tree[0])
+    mine = exclusive_members(spec, hcas, bonds, None)
+    assert [b.id for b in mine.bonds] == [h.id for h in mine.health] == ["mlx5_bond_2", "mlx5_bond_3"]
+    gone = [h for h in hcas if h.id != "mlx5_bond_3"]  # its RDMA device left sysfs: kept (Unhealthy upstream)
+    assert [b.id for b in exclusive_members(spec, gone, bonds, mine).bonds] == ["mlx5_bond_2", "mlx5_bond_3"]
+    assert [b.id for b in exclusive_members(spec, gone, bonds, None).bonds] == ["mlx5_bond_2"]
+    assert exclusive_members(PoolSpec("x/y"), hcas, bonds, None) == bonds  # no selectors: today's pool
+
+
+def test_a_pools_sockets_are_told_from_another_pools_whose_name_it_prefixes(tmp_path: Path) -> None:
+    """Pools ``rdma/hca`` and ``rdma/hca-b``: the first must never take ``hca-b-<ns>.sock`` for one of
+    its own (it would remove it as stale, or stand by for it as another instance)."""
+    from rdma_cni.deviceplugin.daemon import socket_bases
+    from rdma_cni.deviceplugin.registration import own_sockets
+
+    for name in ("hca-17.sock", "hca-b-18.sock", "hca-x.sock", "hca-19.sock.tmp", "kubelet.sock"):
+        (tmp_path / name).write_text("")
+    assert own_sockets(str(tmp_path), "hca") == [str(tmp_path / "hca-17.sock")]
+    assert own_sockets(str(tmp_path), "hca-b") == [str(tmp_path / "hca-b-18.sock")]
+    specs = (PoolSpec("rdma/hca"), PoolSpec("example.com/hca"), PoolSpec("rdma/ib"))
+    assert socket_bases(specs) == {
+        "rdma/hca": "rdma_hca",
+        "example.com/hca": "example.com_hca",
+        "rdma/ib": "ib",
+    }

@@ -1,4 +1,5 @@
-"""``rdma-device-plugin``: the kubelet device plugin for ``tke.cloud.tencent.com/tke-shared-rdma``.
+"""``rdma-device-plugin``: the kubelet device plugin for ``tke.cloud.tencent.com/tke-shared-rdma``
+(exclusive, or TKE's shared mode) and for pools of HCAs, Mellanox's ``config.json`` included.
 
     rdma-device-plugin [--config FILE] [--kubelet-root-dir DIR] [--sysfs-root DIR] [--dev-root DIR]
                        [--cni-conf FILE] [--resource-name NAME] [--log-file FILE] [--log-level LEVEL]
