@@ -233,12 +233,11 @@ def step_add(d: SharedDemo, held: list[list[str]]) -> None:
             wait_watched(f"/run/netns/{d.node}", f"/run/netns/{pod}")
         except TimeoutError as exc:
             raise DemoFailed(str(exc)) from None
+        say(f"$ cni-tool add rdma-multus /run/netns/{pod}    (pod {d.pod_names[i]}; its result, in short:)")
         proc = d.cni_tool("add", "rdma-multus", f"/run/netns/{pod}", env=d.pod_env(i), show=False)
         result = json.loads(proc.stdout)
         names = [x["name"] for x in result["interfaces"]]
-        got = ", ".join(f"{names[ip['interface']]} {ip['address']}" for ip in result["ips"])
-        say(f"$ cni-tool add rdma-multus /run/netns/{pod}    (pod {d.pod_names[i]})")
-        say(f"-> {got}")
+        say("-> " + ", ".join(f"{names[ip['interface']]} {ip['address']}" for ip in result["ips"]))
 
 
 def step_pod_view(d: SharedDemo, bonds_before: dict[str, Any], host_index: int) -> list[dict[str, str]]:
