@@ -2,7 +2,7 @@
 tke-rdma-macvlan's (what ``scripts/demo --mode shared`` builds). Its config is checked as the plugin
 reads it, not reported missing as tke-rdma-macvlan's; its binary is checked; and the GID records its
 pods leave in the runDir both plugins share are theirs, not stale. An exclusive-mode node's findings
-stay as they were."""
+stay as they were, and the host's unified GID index is not offered as a shared-mode pod's."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from typing import Any
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.install_checks import check_binaries, check_configs
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot
+from rdma_cni.doctor.rdma_checks import check_gids
 from rdma_cni.doctor.state_checks import check_state
 from rdma_cni.rdma import records
-from rdma_cni.rdma.sysfs import GidEntry
+from rdma_cni.rdma.sysfs import ROCE_V2, GidEntry, RdmaPort
 from rdma_cni.state import PHASE_ADDED, AttachmentRecord, NodeState
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,7 +84,7 @@ def test_the_rdma_ipvlan_binary_is_checked_only_where_its_network_is_installed(t
 
 
 def _gid_record(run_dir: Path, container_id: str) -> None:
-    entry = GidEntry("mlx5_bond_0", 1, 5, "::ffff:198.51.100.3", "ROCE_V2", "bond0", "198.51.100.3")
+    entry = GidEntry("mlx5_bond_0", 1, 5, "::ffff:198.51.100.3", ROCE_V2, "bond0", "198.51.100.3")
     records.write_pod_record(str(run_dir), container_id, "bond0", entry, mode="shared")
 
 
@@ -96,3 +97,23 @@ def test_gid_records_of_rdma_ipvlan_pods_are_theirs_and_only_orphans_warn(tmp_pa
     findings = check_state(snap)
     warned = [f.detail for f in findings if f.status == WARN]
     assert warned == ["GID record of container c-gone (bond0) has no attachment"], findings
+
+
+def _gid_snapshot(tmp: Path, shared: bool) -> NodeSnapshot:
+    snap = node(tmp, shared=shared, macvlan=not shared)
+    port = RdmaPort("mlx5_bond_0", 1, "bond0", "uverbs0", "Ethernet", "ACTIVE")
+    host = GidEntry("mlx5_bond_0", 1, 3, "::ffff:198.51.100.2", ROCE_V2, "bond0", "198.51.100.2")
+    snap.ports, snap.gids, snap.host_addrs = (
+        [port],
+        {("mlx5_bond_0", 1): [host]},
+        {"bond0": ["198.51.100.2/28"]},
+    )
+    return snap
+
+
+def test_the_unified_host_gid_index_is_not_offered_as_the_index_of_shared_mode_pods(tmp_path: Path) -> None:
+    shared = by_check(check_gids(_gid_snapshot(tmp_path / "a", shared=True)))["gid-index-unified"]
+    assert shared.status == OK and "NCCL_IB_GID_INDEX=3 for rdma-macvlan pods" in shared.detail
+    assert "rdma-ipvlan pod's addresses have indexes of their own" in shared.detail
+    exclusive = by_check(check_gids(_gid_snapshot(tmp_path / "b", shared=False)))["gid-index-unified"]
+    assert exclusive.detail == "every device has its RoCE v2 IPv4 GID at index 3 (NCCL_IB_GID_INDEX=3)"
