@@ -64,8 +64,9 @@ class Shared:
         subprocess.run(["ip", "-n", self.n.switch, *args], check=True, capture_output=True)
 
     def config(self, **keys: Any) -> dict[str, Any]:
-        conf = self.n.config(name="tke-rdma-ipvlan", type="rdma-ipvlan", link="macvlan",
-                             dataDir=self.data_dir)
+        conf = self.n.config(
+            name="tke-rdma-ipvlan", type="rdma-ipvlan", link="macvlan", dataDir=self.data_dir
+        )
         conf.update(keys)
         return conf
 
@@ -74,20 +75,40 @@ class Shared:
             return ["ip", "netns", "exec", self.n.name, ipvlan_client()]
         return ["ip", "netns", "exec", self.n.name, *PLUGIN]
 
-    def plugin(self, command: str, conf: Mapping[str, Any], pod: Pod | str | None = None,
-               container_id: str = "c1", ifname: str = "net1", extra: Mapping[str, str] | None = None,
-               timeout: float = 60) -> PluginResult:
+    def plugin(
+        self,
+        command: str,
+        conf: Mapping[str, Any],
+        pod: Pod | str | None = None,
+        container_id: str = "c1",
+        ifname: str = "net1",
+        extra: Mapping[str, str] | None = None,
+        timeout: float = 60,
+    ) -> PluginResult:
         proc = subprocess.run(
-            self.argv(), input=json.dumps(conf).encode(), capture_output=True, timeout=timeout,
-            env=self.n.env(command, pod, container_id, ifname, extra), check=False,
+            self.argv(),
+            input=json.dumps(conf).encode(),
+            capture_output=True,
+            timeout=timeout,
+            env=self.n.env(command, pod, container_id, ifname, extra),
+            check=False,
         )
         return _result(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
 
-    def start(self, command: str, conf: Mapping[str, Any], pod: Pod | str | None = None,
-              container_id: str = "c1", ifname: str = "net1",
-              extra: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        command: str,
+        conf: Mapping[str, Any],
+        pod: Pod | str | None = None,
+        container_id: str = "c1",
+        ifname: str = "net1",
+        extra: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            self.argv(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=self.n.env(command, pod, container_id, ifname, extra),
         )
         assert proc.stdin is not None
@@ -118,8 +139,9 @@ class Shared:
         for link in self.n.pod_json(pod, "addr"):
             if link["ifname"] == "lo":
                 continue
-            out[link["ifname"]] = [f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"]
-                                   if a.get("scope") == "global"]
+            out[link["ifname"]] = [
+                f"{a['local']}/{a['prefixlen']}" for a in link["addr_info"] if a.get("scope") == "global"
+            ]
         return out
 
     def pod_links(self, pod: Pod) -> list[str]:

@@ -121,8 +121,10 @@ def test_two_pods_with_shared_pool_devices_share_every_bond_and_get_no_advice(sh
         names = [x["name"] for x in result["interfaces"]]
         assert "eth0" in names and "bond0" in names and "bond1" in names, names
         assert r.s.pod_addresses(pods[i])["bond0"] == [f"198.51.100.{3 + i}/28"]
-    assert r.s.held() == {"bond0": {"198.51.100.3": "u-1", "198.51.100.4": "u-2"},
-                          "bond1": {"198.51.100.19": "u-1", "198.51.100.20": "u-2"}}
+    assert r.s.held() == {
+        "bond0": {"198.51.100.3": "u-1", "198.51.100.4": "u-2"},
+        "bond1": {"198.51.100.19": "u-1", "198.51.100.20": "u-2"},
+    }
     assert not [w for w in r.warnings() if "names no network using them" in w or "no tke" in w], r.warnings()
     for i, uid in enumerate(("u-1", "u-2")):
         assert r.run("DEL", conf, pods[i], uid)[0] == 0

@@ -86,8 +86,10 @@ def test_each_bond_gets_a_pod_table_with_its_routes_from_the_pod_address_and_fro
     assert n.ping(pod, "198.51.100.1", iface="bond0")
     # each child answers ARP only for its own address (no ARP flux between bonds of one subnet)
     for bond in ("bond0", "bond1"):
-        conf = {k: n.pod_exec(pod, "cat", f"/proc/sys/net/ipv4/conf/{bond}/{k}").stdout.strip()
-                for k in ("arp_ignore", "arp_announce", "arp_notify")}
+        conf = {
+            k: n.pod_exec(pod, "cat", f"/proc/sys/net/ipv4/conf/{bond}/{k}").stdout.strip()
+            for k in ("arp_ignore", "arp_announce", "arp_notify")
+        }
         assert conf == {"arp_ignore": "1", "arp_announce": "2", "arp_notify": "1"}, (bond, conf)
 
 
@@ -138,9 +140,14 @@ def test_ranges_and_exclude_bound_what_pods_get(node_ns: Node) -> None:
     n = node_ns
     s = Shared(n)
     s.bonds(2)
-    conf = s.config(masters=masters(2), ranges={"bond0": "198.51.100.10-198.51.100.13",
-                                                "bond1": ["198.51.100.20-198.51.100.23", "198.51.100.25"]},
-                    exclude=["198.51.100.11", "198.51.100.20/31"])
+    conf = s.config(
+        masters=masters(2),
+        ranges={
+            "bond0": "198.51.100.10-198.51.100.13",
+            "bond1": ["198.51.100.20-198.51.100.23", "198.51.100.25"],
+        },
+        exclude=["198.51.100.11", "198.51.100.20/31"],
+    )
     pods = [n.pod() for _ in range(4)]
     outs = [add(s, conf, pods[i], f"c{i}") for i in range(3)]
     assert [addresses_by_bond(o) for o in outs] == [
@@ -166,8 +173,10 @@ def test_a_range_outside_the_subnet_or_an_unknown_master_is_error_7_and_changes_
     before = n.snapshot()
     pod = n.pod()
     for conf, words in (
-        (s.config(masters=["bond0"], ranges={"bond0": "198.51.100.10-198.51.100.40"}),
-         ("'ranges.bond0'", "198.51.100.0/28")),
+        (
+            s.config(masters=["bond0"], ranges={"bond0": "198.51.100.10-198.51.100.40"}),
+            ("'ranges.bond0'", "198.51.100.0/28"),
+        ),
         (s.config(masters=["bond0", "bond7"]), ("'masters'", "'bond7'")),
         (s.config(masters=["bond0"], mtu=9000), ("'mtu'", "bond0")),
         (s.config(masters=["bond0"], link="vxlan"), ("'link'", "macvlan")),
@@ -183,8 +192,12 @@ def ipvlan_missing() -> bool:
     name = f"h2-probe-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
-        proc = subprocess.run(["ip", "-n", name, "link", "add", "x", "type", "ipvlan"], capture_output=True,
-                              text=True, check=False)
+        proc = subprocess.run(
+            ["ip", "-n", name, "link", "add", "x", "type", "ipvlan"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         # ipvlan needs a parent: a kernel that has it complains about that, not about the type
         return "Unknown device type" in proc.stderr
     finally:
@@ -223,15 +236,18 @@ def test_ipv6_too_when_the_bond_holds_a_global_ipv6(node_ns: Node) -> None:
     before = n.snapshot()
     pods = [n.pod(), n.pod()]
     outs = [add(s, conf, pod, f"c{i}") for i, pod in enumerate(pods)]
-    assert addresses_by_bond(outs[0]) == {"bond0": ["198.51.100.3", "2001:db8::3"],
-                                          "bond1": ["198.51.100.19", "2001:db8:1::3"]}
+    assert addresses_by_bond(outs[0]) == {
+        "bond0": ["198.51.100.3", "2001:db8::3"],
+        "bond1": ["198.51.100.19", "2001:db8:1::3"],
+    }
     assert addresses_by_bond(outs[1])["bond1"] == ["198.51.100.20", "2001:db8:1::4"]
     assert "2001:db8:1::4/64" in s.pod_addresses(pods[1])["bond1"]
     rules = {(r.get("src"), r.get("table")) for r in n.pod_json(pods[0], "-6", "rule")}
     assert ("2001:db8::3", "100") in rules and ("2001:db8:1::3", "101") in rules
     routes = n.pod_json(pods[0], "-6", "route", "show", "table", "101")
     assert {"dst": "2001:db8:ff1::/64", "gateway": "2001:db8:1::1"}.items() <= {
-        k: v for r in routes if r["dst"] == "2001:db8:ff1::/64" for k, v in r.items()}.items()
+        k: v for r in routes if r["dst"] == "2001:db8:ff1::/64" for k, v in r.items()
+    }.items()
     assert n.ping(pods[0], "198.51.100.17", iface="bond1")
     for i, pod in enumerate(pods):
         assert s.plugin("DEL", conf, pod, container_id=f"c{i}").code == 0
@@ -384,8 +400,13 @@ def test_a_cold_add_and_del_with_ipv4_and_ipv6_load_no_pyroute2(node_ns: Node) -
     pod = n.pod()
     conf = s.config(masters=masters(2))
     for command in ("ADD", "DEL"):
-        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "cold", "CNI_NETNS": pod.path, "CNI_IFNAME": "net1",
-               "CNI_PATH": "/usr/lib/cni"}
+        env = {
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": "cold",
+            "CNI_NETNS": pod.path,
+            "CNI_IFNAME": "net1",
+            "CNI_PATH": "/usr/lib/cni",
+        }
         proc = subprocess.run(
             ["ip", "netns", "exec", n.name, sys.executable, "-c", COLD, json.dumps(env), json.dumps(conf)],
             capture_output=True, text=True, cwd="/", check=True,

@@ -41,8 +41,15 @@ def test_ranges_are_inclusive_and_exclude_takes_addresses_and_whole_cidrs() -> N
     while (nxt := choose(s, ranges, exclude, held)) is not None:
         got.append(str(nxt))
         held.add(nxt)
-    assert got == ["198.51.100.4", "198.51.100.5", "198.51.100.6", "198.51.100.7", "198.51.100.8",
-                   "198.51.100.10", "198.51.100.11"]
+    assert got == [
+        "198.51.100.4",
+        "198.51.100.5",
+        "198.51.100.6",
+        "198.51.100.7",
+        "198.51.100.8",
+        "198.51.100.10",
+        "198.51.100.11",
+    ]
 
 
 def test_held_addresses_are_skipped_and_a_freed_one_is_chosen_again() -> None:
@@ -108,7 +115,11 @@ def test_bad_config_value_is_error_7_naming_the_key_and_the_fix(conf: dict[str, 
 def test_defaults_and_del_config_drops_a_bad_key_but_not_a_bad_data_dir() -> None:
     cfg, pools = parse_config({})
     assert (cfg.link, cfg.ipvlan_mode, cfg.data_dir, cfg.run_dir) == (
-        "ipvlan", "l2", "/var/lib/cni/rdma-ipvlan", "/run/rdma-cni")
+        "ipvlan",
+        "l2",
+        "/var/lib/cni/rdma-ipvlan",
+        "/run/rdma-cni",
+    )
     assert cfg.rdma.required is True and pools.ranges == {}
     cfg, dropped = parse_del_config({"dataDir": "/x", "link": "vxlan", "ranges": {"bond0": "x"}})
     assert cfg.data_dir == "/x" and cfg.link == "ipvlan" and len(dropped) == 2

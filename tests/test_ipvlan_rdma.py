@@ -27,8 +27,20 @@ def rdma_node(node_ns: Node) -> Iterator[tuple[Shared, str]]:
     s = Shared(n)
     s.bonds(3)
     root = os.path.join(n.tmp, "sys")
-    args = ["--sysfs-root", root, "--bonds", "bond0,bond1", "--node-netns", f"/run/netns/{n.name}",
-            "--pods-dir", "/run/netns", "--pods-prefix", f"h2-{n.tag}-pod-", "--gid-slots", "16"]
+    args = [
+        "--sysfs-root",
+        root,
+        "--bonds",
+        "bond0,bond1",
+        "--node-netns",
+        f"/run/netns/{n.name}",
+        "--pods-dir",
+        "/run/netns",
+        "--pods-prefix",
+        f"h2-{n.tag}-pod-",
+        "--gid-slots",
+        "16",
+    ]
     with daemon(args):
         yield s, root
 
@@ -50,8 +62,10 @@ def test_each_pod_address_gets_its_own_gid_recorded_as_shared_and_the_host_keeps
 ) -> None:
     s, root = rdma_node
     n = s.n
-    host = {0: sysfs.roce_v2_index(root, "mlx5_bond_0", 1, "198.51.100.2"),
-            1: sysfs.roce_v2_index(root, "mlx5_bond_1", 1, "198.51.100.18")}
+    host = {
+        0: sysfs.roce_v2_index(root, "mlx5_bond_0", 1, "198.51.100.2"),
+        1: sysfs.roce_v2_index(root, "mlx5_bond_1", 1, "198.51.100.18"),
+    }
     assert None not in host.values()
     conf = s.config(sysfsRoot=root, rdma={"required": True, "gidTimeoutMs": 3000})  # masters: RDMA netdevs
     pods = [watched_pod(n), watched_pod(n)]

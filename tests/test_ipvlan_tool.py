@@ -36,8 +36,22 @@ def setup(n: Node) -> tuple[Shared, dict[str, Any], list[str]]:
         json.dump(conf, f)
     sysfs = os.path.join(n.tmp, "sys")
     os.makedirs(sysfs)
-    return s, conf, ["--conf-dir", conf_dir, "--sysfs-root", sysfs, "--data-dir", os.path.join(n.tmp, "m"),
-                     "--run-dir", n.run_dir, "--kubelet-root-dir", os.path.join(n.tmp, "kubelet")]
+    return (
+        s,
+        conf,
+        [
+            "--conf-dir",
+            conf_dir,
+            "--sysfs-root",
+            sysfs,
+            "--data-dir",
+            os.path.join(n.tmp, "m"),
+            "--run-dir",
+            n.run_dir,
+            "--kubelet-root-dir",
+            os.path.join(n.tmp, "kubelet"),
+        ],
+    )
 
 
 def test_state_shows_each_bonds_subnet_free_and_held_addresses_and_who_holds_them(node_ns: Node) -> None:
@@ -52,7 +66,9 @@ def test_state_shows_each_bonds_subnet_free_and_held_addresses_and_who_holds_the
     pools = {b["bond"]: b for b in body["sharedPools"]["bonds"]}
     assert pools["bond0"]["subnet"] == "198.51.100.0/28" and pools["bond0"]["free"] == 10
     assert [(h["address"], h["container_id"], h["alive"]) for h in pools["bond0"]["held"]] == [
-        ("198.51.100.3", "c0", True), ("198.51.100.4", "c1", False)]
+        ("198.51.100.3", "c0", True),
+        ("198.51.100.4", "c1", False),
+    ]
     assert pools["bond1"]["free"] == 0 and pools["bond1"]["ranges"] == ["198.51.100.19-198.51.100.20"]
     assert pools["bond2"]["subnet"] == "198.51.100.32/29" and pools["bond2"]["free"] == 2
     assert pools["bond0"]["held"][0]["pod"] == "default/p"
@@ -73,14 +89,19 @@ def test_doctor_warns_on_a_narrow_subnet_dead_holders_and_fails_on_a_full_pool(n
     by = {(f["status"], f["detail"].split(" ")[0].split("'")[0].rstrip(":")) for f in found}
     assert ("WARN", "bond2") in by  # narrower than /28
     assert ("FAIL", "bond1") in by  # its range is full
-    assert any(f["status"] == "WARN" and "netns is gone" in f["detail"] and "198.51.100.4" in f["detail"]
-               for f in found), found
+    assert any(
+        f["status"] == "WARN" and "netns is gone" in f["detail"] and "198.51.100.4" in f["detail"]
+        for f in found
+    ), found
     assert proc.returncode == 1  # a full pool fails the node's readiness
     gc = dict(conf, cniVersion="1.1.0")
     gc["cni.dev/valid-attachments"] = [{"containerID": "c0", "ifname": "net1"}]
     assert s.plugin("GC", gc).code == 0
-    found = [f for f in json.loads(tool(n, "doctor", "--json", *args).stdout)["findings"]
-             if f["check"] == "shared-pool"]
+    found = [
+        f
+        for f in json.loads(tool(n, "doctor", "--json", *args).stdout)["findings"]
+        if f["check"] == "shared-pool"
+    ]
     assert not any("netns is gone" in f["detail"] for f in found), found
     assert not any(f["status"] == "FAIL" for f in found), found
 
@@ -98,14 +119,20 @@ def test_metrics_count_each_bonds_held_and_free_addresses_and_each_pod_address(n
     for i, pod in enumerate(pods):
         assert s.plugin("ADD", conf, pod, container_id=f"c{i}").code == 0
     n.delete_pod(pods[1])
-    src = Sources(sysfs_roots=(os.path.join(n.tmp, "sys"),), data_dirs=(os.path.join(n.tmp, "m"),),
-                  conf_dir=os.path.join(n.tmp, "net.d"))
+    src = Sources(
+        sysfs_roots=(os.path.join(n.tmp, "sys"),),
+        data_dirs=(os.path.join(n.tmp, "m"),),
+        conf_dir=os.path.join(n.tmp, "net.d"),
+    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(lambda: src, (os.path.join(n.tmp, "cache"),)))
     with open_netns(f"/run/netns/{n.name}") as ns, entered(ns):
         text = generate_latest(registry).decode()
-    samples = {(x.name, tuple(sorted(x.labels.items()))): x.value
-               for fam in text_string_to_metric_families(text) for x in fam.samples}
+    samples = {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for fam in text_string_to_metric_families(text)
+        for x in fam.samples
+    }
     assert samples[("rdma_cni_bond_addresses", (("bond", "bond0"), ("state", "held")))] == 2
     assert samples[("rdma_cni_bond_addresses", (("bond", "bond0"), ("state", "free")))] == 10
     assert samples[("rdma_cni_bond_addresses", (("bond", "bond1"), ("state", "free")))] == 0

@@ -2,7 +2,8 @@
 
 After a reboot or a crash nobody may call DEL for a long time (the runtime's GC runs late or never
 on older runtimes), and the bond's IP stays recorded as "in the pod" while the pod is gone. The
-agent, at start and then periodically, reads the rdma-macvlan state of every network it knows and
+agent, at start and then periodically, reads the rdma-macvlan state of every network it knows (and
+rdma-ipvlan's: there a gone pod's DEL frees its addresses) and
 runs the plugin's own DEL — through the protocol core, with an empty ``CNI_NETNS`` as containerd's
 second DEL does — for each attachment whose recorded netns no longer exists (or is another netns
 now: the inode differs). DEL is idempotent, so the runtime's own DEL later is harmless.
@@ -29,6 +30,8 @@ from rdma_cni.agent.plugins import Registry
 log = logging.getLogger("rdma-agent")
 
 PLUGIN_TYPE = "rdma-macvlan"
+# Shared mode's plugin: its records hold pod addresses; a DEL of a gone pod frees them.
+PLUGIN_TYPES = (PLUGIN_TYPE, "rdma-ipvlan")
 DEFAULT_CNI_PATH = "/opt/cni/bin"
 
 
@@ -44,8 +47,9 @@ class Network:
         return str(self.conf.get("name", ""))
 
 
-def load_networks(path: str) -> list[Network]:
-    """The rdma-macvlan configs in one file: a plain config, or each plugin of a conflist."""
+def load_networks(path: str, types: tuple[str, ...] = (PLUGIN_TYPE,)) -> list[Network]:
+    """The configs of plugins of ``types`` (rdma-macvlan's by default) in one file: a plain config,
+    or each plugin of a conflist."""
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read())
@@ -57,11 +61,11 @@ def load_networks(path: str) -> list[Network]:
     if isinstance(data.get("plugins"), list):
         out = []
         for plugin in data["plugins"]:
-            if isinstance(plugin, dict) and plugin.get("type") == PLUGIN_TYPE:
+            if isinstance(plugin, dict) and plugin.get("type") in types:
                 conf = dict(plugin, cniVersion=data.get("cniVersion", "1.0.0"), name=data.get("name", ""))
                 out.append(Network(path, conf))
         return out
-    return [Network(path, data)] if data.get("type") == PLUGIN_TYPE else []
+    return [Network(path, data)] if data.get("type") in types else []
 
 
 def find_config_files(conf_dir: str) -> list[str]:
@@ -84,12 +88,13 @@ class Reconciler:
         self.conf_dir = conf_dir
         self.cni_path = cni_path
 
-    def networks(self) -> list[Network]:
+    def networks(self, types: tuple[str, ...] = (PLUGIN_TYPE,)) -> list[Network]:
+        """The rdma-macvlan networks (what the metrics read as exclusive mode), or those of ``types``."""
         files = self.confs or find_config_files(self.conf_dir)
-        return [net for path in files for net in load_networks(path)]
+        return [net for path in files for net in load_networks(path, types)]
 
     def run(self) -> None:
-        """One pass over every known network; runs in a forked worker of the agent."""
+        """One pass over every known network of both plugins; runs in a forked worker of the agent."""
         restored = failed = 0
         for data_dir, nets in self._by_data_dir():
             done, bad = self._reconcile_dir(data_dir, nets)
@@ -99,15 +104,18 @@ class Reconciler:
 
     def _by_data_dir(self) -> Iterator[tuple[str, dict[str, Network]]]:
         from rdma_cni.cni.errors import CniError
+        from rdma_cni.plugins.ipvlan.config import parse_del_config as parse_shared_del_config
         from rdma_cni.plugins.macvlan_config import parse_del_config
 
         groups: dict[str, dict[str, Network]] = {}
-        for net in self.networks():
+        for net in self.networks(PLUGIN_TYPES):
+            kind = str(net.conf.get("type"))
+            parse = parse_del_config if kind == PLUGIN_TYPE else parse_shared_del_config
             try:
-                data_dir = parse_del_config(net.conf)[0].data_dir  # DEL's reading: only dataDir must be valid
+                data_dir = parse(net.conf)[0].data_dir  # DEL's reading: only dataDir must be valid
             except CniError as exc:
                 log.warning(
-                    "reconcile: %s (%s) is not a valid rdma-macvlan config: %s", net.name, net.source, exc.msg
+                    "reconcile: %s (%s) is not a valid %s config: %s", net.name, net.source, kind, exc.msg
                 )
                 continue
             groups.setdefault(data_dir, {}).setdefault(net.name, net)
@@ -156,7 +164,8 @@ class Reconciler:
             netns,
             net.name,
         )
-        stdout, code = dispatch.run(env, json.dumps(net.conf).encode(), self.registry.spec(PLUGIN_TYPE))
+        kind = str(net.conf.get("type", PLUGIN_TYPE))
+        stdout, code = dispatch.run(env, json.dumps(net.conf).encode(), self.registry.spec(kind))
         if code != 0:
             log.error("reconcile: DEL %s/%s failed: %s", container_id, ifname, stdout)
             return False

@@ -21,8 +21,9 @@ def bond_subnets(bond: str, held: list[Record], bond_routes: list[Record]) -> li
     IPv6, that subnet too; each with what on it is never a pod's: the bond's own addresses and its
     routes' gateways."""
     own: set[IPAddress] = {ipaddress.ip_address(addresses.ip_of(a)) for a in held}
-    gateways = {ipaddress.ip_address(str(attr(r, "RTA_GATEWAY")))
-                for r in bond_routes if attr(r, "RTA_GATEWAY")}
+    gateways = {
+        ipaddress.ip_address(str(attr(r, "RTA_GATEWAY"))) for r in bond_routes if attr(r, "RTA_GATEWAY")
+    }
     out: list[tuple[Subnet, int]] = []
     for ipv6 in (False, True):
         first = next((a for a in held if addresses.is_ipv6(a) == ipv6), None)

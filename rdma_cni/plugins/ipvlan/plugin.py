@@ -74,8 +74,9 @@ def _cleanup_config(req: Request) -> IpvlanConfig:
     cfg, dropped = parse_del_config(req.config)
     logconf.configure(cfg.log_file, cfg.log_level)
     for problem in dropped:
-        log.warning("%s %s/%s: %s; using its default to clean up", req.command, req.container_id,
-                    req.ifname, problem)
+        log.warning(
+            "%s %s/%s: %s; using its default to clean up", req.command, req.container_id, req.ifname, problem
+        )
     return cfg
 
 
@@ -94,24 +95,39 @@ class IpvlanPlugin:
             try:
                 old = state.get(req.container_id, req.ifname)
                 if old is not None:  # a repeated ADD: the earlier one is undone first (its addresses freed)
-                    log.warning("ADD %s/%s: a previous attachment is recorded; undoing it first",
-                                req.container_id, req.ifname)
+                    log.warning(
+                        "ADD %s/%s: a previous attachment is recorded; undoing it first",
+                        req.container_id,
+                        req.ifname,
+                    )
                     self._forget(cfg, state, old, req.netns)
                 ports = sysfs.list_ports(cfg.sysfs_root)
                 views = self._read_bonds(cfg, pools, host, pod, req, ports)
                 with state.locked():
                     fp.hit("locked")
                     rec = self._write_ahead(req, cfg, pools, state, views, ns.inode, ports)
-                ctx = tx.AddContext(host=host, ns=ns, pod=pod, rec=rec, fp=fp, link=cfg.link,
-                                    ipvlan_mode=cfg.ipvlan_mode,
-                                    rdma_step=lambda b: _attach_rdma(cfg, rec, b))
+                ctx = tx.AddContext(
+                    host=host,
+                    ns=ns,
+                    pod=pod,
+                    rec=rec,
+                    fp=fp,
+                    link=cfg.link,
+                    ipvlan_mode=cfg.ipvlan_mode,
+                    rdma_step=lambda b: _attach_rdma(cfg, rec, b),
+                )
                 return self._transact(req, cfg, state, rec, ctx)
             finally:
                 pod.close()
                 host.close()
 
     def _read_bonds(
-        self, cfg: IpvlanConfig, pools: Pools, host: RtnlSocket, pod: RtnlSocket, req: Request,
+        self,
+        cfg: IpvlanConfig,
+        pools: Pools,
+        host: RtnlSocket,
+        pod: RtnlSocket,
+        req: Request,
         ports: list[sysfs.RdmaPort],
     ) -> list[BondView]:
         """Every master, read once before the node lock (nothing here changes them: the host bond
@@ -129,20 +145,24 @@ class IpvlanPlugin:
             assert link is not None
             mtu = cfg.mtu or link.mtu
             if mtu > link.mtu:
-                raise CniError(INVALID_CONFIG,
-                               f"config key 'mtu' ({mtu}) exceeds {name}'s MTU {link.mtu}: lower it")
+                raise CniError(
+                    INVALID_CONFIG, f"config key 'mtu' ({mtu}) exceeds {name}'s MTU {link.mtu}: lower it"
+                )
             if links.get_link(pod, name) is not None:
                 raise CniError(INVALID_ENV, f"interface {name} already exists in {req.netns}")
             views.append(BondView(link=link, subnets=[]))
         held = addresses.snapshots(host, {v.link.index for v in views})
         found = routes.snapshot_routes_of(
-            host, [(v.link.index, {addresses.ip_of(a) for a in held[v.link.index]}) for v in views])
+            host, [(v.link.index, {addresses.ip_of(a) for a in held[v.link.index]}) for v in views]
+        )
         # Two bonds on one subnet (one L2 segment) must not give a pod an address the other bond holds.
         node_own = {ipaddress.ip_address(addresses.ip_of(a)) for recs in held.values() for a in recs}
         for v, bond_routes in zip(views, found, strict=True):
             v.routes = bond_routes
-            v.subnets = [(dataclasses.replace(sub, reserved=sub.reserved | node_own), plen)
-                         for sub, plen in bond_subnets(v.link.name, held[v.link.index], bond_routes)]
+            v.subnets = [
+                (dataclasses.replace(sub, reserved=sub.reserved | node_own), plen)
+                for sub, plen in bond_subnets(v.link.name, held[v.link.index], bond_routes)
+            ]
             if not v.subnets:
                 raise no_ipv4(v.link.name)
             for subnet, _ in v.subnets:
@@ -150,16 +170,27 @@ class IpvlanPlugin:
         return views
 
     def _write_ahead(
-        self, req: Request, cfg: IpvlanConfig, pools: Pools, state: NodeState, views: list[BondView],
-        inode: int, ports: list[sysfs.RdmaPort],
+        self,
+        req: Request,
+        cfg: IpvlanConfig,
+        pools: Pools,
+        state: NodeState,
+        views: list[BondView],
+        inode: int,
+        ports: list[sysfs.RdmaPort],
     ) -> AttachmentRecord:
         """Under the node lock: choose each bond's pod addresses against what every record holds
         and record them (the write-ahead record: from here they are held, until DEL frees them)."""
         held = held_addresses(state)
         rec = AttachmentRecord(
-            container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=inode,
-            cni_version=req.cni_version, network=req.name,
-            pod_namespace=req.args.get("K8S_POD_NAMESPACE", ""), pod_name=req.args.get("K8S_POD_NAME", ""),
+            container_id=req.container_id,
+            ifname=req.ifname,
+            netns=req.netns,
+            netns_inode=inode,
+            cni_version=req.cni_version,
+            network=req.name,
+            pod_namespace=req.args.get("K8S_POD_NAMESPACE", ""),
+            pod_name=req.args.get("K8S_POD_NAME", ""),
         )
         for v in views:
             chosen = []
@@ -167,23 +198,37 @@ class IpvlanPlugin:
                 ip = self._choose(req, cfg, pools, state, subnet, held)
                 held[subnet.bond][ip] = req.attachment
                 chosen.append(tx.pod_address(str(ip), plen))
-            rec.bonds.append(BondRecord(
-                bond=v.link.name, bond_index=v.link.index, pod_ifname=v.link.name, temp_name=tx.temp_name(),
-                mtu=cfg.mtu or v.link.mtu, addresses=chosen, routes=v.routes, moves_addresses=False,
-            ))
+            rec.bonds.append(
+                BondRecord(
+                    bond=v.link.name,
+                    bond_index=v.link.index,
+                    pod_ifname=v.link.name,
+                    temp_name=tx.temp_name(),
+                    mtu=cfg.mtu or v.link.mtu,
+                    addresses=chosen,
+                    routes=v.routes,
+                    moves_addresses=False,
+                )
+            )
         _plan_rdma(cfg, rec, ports)
         state.put(rec, sync=False)  # holds the addresses; synced before the pod is touched
         return rec
 
     def _choose(
-        self, req: Request, cfg: IpvlanConfig, pools: Pools, state: NodeState, subnet: Subnet,
+        self,
+        req: Request,
+        cfg: IpvlanConfig,
+        pools: Pools,
+        state: NodeState,
+        subnet: Subnet,
         held: dict[str, dict[IPAddress, Attachment]],
     ) -> IPAddress:
         spans = pools.ranges.get(subnet.bond, [])
         ip = choose(subnet, spans, pools.exclude, node_wide(held))
         if ip is None and self._reclaim_dead(req, cfg, state):
-            ours = [(bond, a) for bond, per in held.items() for a, att in per.items()
-                    if att == req.attachment]
+            ours = [
+                (bond, a) for bond, per in held.items() for a, att in per.items() if att == req.attachment
+            ]
             held.clear()
             held.update(held_addresses(state))
             for bond, a in ours:  # what this ADD chose for its earlier bonds is not on disk yet
@@ -212,8 +257,12 @@ class IpvlanPlugin:
             with state.try_claim(rec.key) as free:
                 if not free:
                     continue
-                log.warning("freeing the addresses of %s/%s: its netns %s is gone", rec.container_id,
-                            rec.ifname, rec.netns)
+                log.warning(
+                    "freeing the addresses of %s/%s: its netns %s is gone",
+                    rec.container_id,
+                    rec.ifname,
+                    rec.netns,
+                )
                 try:
                     self._forget(cfg, state, rec, "")
                     freed = True
@@ -258,7 +307,11 @@ class IpvlanPlugin:
             log.exception("rollback of %s/%s incomplete; state kept for DEL/GC", rec.container_id, rec.ifname)
 
     def _forget(
-        self, cfg: IpvlanConfig, state: NodeState, rec: AttachmentRecord, netns_path: str,
+        self,
+        cfg: IpvlanConfig,
+        state: NodeState,
+        rec: AttachmentRecord,
+        netns_path: str,
         fp: Failpoints | None = None,
     ) -> None:
         """Undo one recorded attachment, then drop its record: that frees its addresses, after the
@@ -314,11 +367,18 @@ class IpvlanPlugin:
                     continue
                 with state.try_claim(rec.key) as free:
                     if not free:  # its ADD is still running (the runtime may not list it yet)
-                        log.info("GC: %s/%s is in flight: left for its own DEL or the next GC",
-                                 rec.container_id, rec.ifname)
+                        log.info(
+                            "GC: %s/%s is in flight: left for its own DEL or the next GC",
+                            rec.container_id,
+                            rec.ifname,
+                        )
                         continue
-                    log.info("GC: %s/%s is not in the valid list: freeing %s", rec.container_id,
-                             rec.ifname, ", ".join(tx.describe(b) for b in rec.bonds))
+                    log.info(
+                        "GC: %s/%s is not in the valid list: freeing %s",
+                        rec.container_id,
+                        rec.ifname,
+                        ", ".join(tx.describe(b) for b in rec.bonds),
+                    )
                     try:
                         self._forget(cfg, state, rec, "", fp)
                     except (CniError, OSError) as exc:
@@ -347,8 +407,11 @@ class IpvlanPlugin:
             snaps = addresses.snapshots(host, known)
             for m, link in index.items():
                 if link is None:
-                    raise CniError(INVALID_CONFIG, f"config key 'masters' names {m!r}, but it does not exist "
-                                   "on this node: list the node's bond netdevs (`ip link`)")
+                    raise CniError(
+                        INVALID_CONFIG,
+                        f"config key 'masters' names {m!r}, but it does not exist "
+                        "on this node: list the node's bond netdevs (`ip link`)",
+                    )
                 subnets = bond_subnets(m, snaps[link.index], [])
                 if not subnets:
                     reasons.append(no_ipv4(m).msg)
@@ -408,13 +471,15 @@ def _attach_rdma(cfg: IpvlanConfig, rec: AttachmentRecord, b: BondRecord) -> Non
     for a in b.addresses:
         ip = addresses.ip_of(a)
         try:
-            found[ip] = gid.wait_for_gid(cfg.sysfs_root, info["device"], info["port"], ip,
-                                         cfg.rdma.gid_timeout_ms, ndev=b.pod_ifname)
+            found[ip] = gid.wait_for_gid(
+                cfg.sysfs_root, info["device"], info["port"], ip, cfg.rdma.gid_timeout_ms, ndev=b.pod_ifname
+            )
         except CniError as exc:
             if exc.code != GID_TIMEOUT or cfg.rdma.required:
                 raise
-            log.warning("%s: %s; recorded without a GID index (rdma.required is false)", b.pod_ifname,
-                        exc.msg)
+            log.warning(
+                "%s: %s; recorded without a GID index (rdma.required is false)", b.pod_ifname, exc.msg
+            )
     v4 = next((e for ip, e in found.items() if ":" not in ip), None)
     v6 = next((e for ip, e in found.items() if ":" in ip), None)
     if v4 is not None:
@@ -422,8 +487,9 @@ def _attach_rdma(cfg: IpvlanConfig, rec: AttachmentRecord, b: BondRecord) -> Non
     if v6 is not None:
         info["podGidIndexIPv6"] = v6.index
     if v4 or v6:
-        records.write_pod_record(cfg.run_dir, rec.container_id, b.pod_ifname, v4, info["uverbs"], v6,
-                                 mode=RECORD_MODE)
+        records.write_pod_record(
+            cfg.run_dir, rec.container_id, b.pod_ifname, v4, info["uverbs"], v6, mode=RECORD_MODE
+        )
 
 
 def _detach_rdma(cfg: IpvlanConfig, rec: AttachmentRecord, b: BondRecord) -> None:
@@ -447,9 +513,12 @@ def _result(req: Request, rec: AttachmentRecord) -> Result:
 def _route_of(r: Record) -> Route:
     dst = attr(r, "RTA_DST") or ("0.0.0.0" if r["family"] == 2 else "::")
     table = attr(r, "RTA_TABLE", r["table"])
-    return Route(dst=f"{dst}/{r['dst_len']}", gw=attr(r, "RTA_GATEWAY") or "",
-                 priority=attr(r, "RTA_PRIORITY") or 0,
-                 table=None if table == routes.RT_TABLE_MAIN else table)
+    return Route(
+        dst=f"{dst}/{r['dst_len']}",
+        gw=attr(r, "RTA_GATEWAY") or "",
+        priority=attr(r, "RTA_PRIORITY") or 0,
+        table=None if table == routes.RT_TABLE_MAIN else table,
+    )
 
 
 def _check_bond(pod: RtnlSocket, b: BondRecord, kind: str) -> None:
@@ -474,5 +543,7 @@ def _check_bond(pod: RtnlSocket, b: BondRecord, kind: str) -> None:
     rules = pod_routing.live_rule_keys(pod, [r["family"] for r in b.pod_rules])
     for r in b.pod_rules:
         if pod_routing.rule_key(r) not in rules:
-            raise CniError(CHECK_FAILED, f"rule from {attr(r, 'FRA_SRC')} lookup {attr(r, 'FRA_TABLE')} "
-                           "is missing in the pod")
+            raise CniError(
+                CHECK_FAILED,
+                f"rule from {attr(r, 'FRA_SRC')} lookup {attr(r, 'FRA_TABLE')} is missing in the pod",
+            )

@@ -120,8 +120,11 @@ def candidates(subnet: Subnet, ranges: Sequence[Span], exclude: Sequence[Span]) 
     if hosts is None:
         return []
     mine = [s for s in ranges if s.version == net.version]
-    windows = [(max(s.first, hosts.first), min(s.last, hosts.last)) for s in mine] if mine else [
-        (hosts.first, hosts.last)]
+    windows = (
+        [(max(s.first, hosts.first), min(s.last, hosts.last)) for s in mine]
+        if mine
+        else [(hosts.first, hosts.last)]
+    )
     windows = _merge(w for w in windows if w[0] <= w[1])
     holes = _merge((s.first, s.last) for s in exclude if s.version == net.version)
     holes = _merge([*holes, *((int(ip), int(ip)) for ip in subnet.reserved if ip.version == net.version)])
@@ -153,6 +156,9 @@ def free_count(
     """How many more pods this subnet can take (for ``cni-tool state``, doctor and metrics)."""
     runs = candidates(subnet, ranges, exclude)
     size = sum(b - a + 1 for a, b in runs)
-    inside = sum(1 for ip in set(held) if ip.version == subnet.network.version
-                 and any(a <= int(ip) <= b for a, b in runs))
+    inside = sum(
+        1
+        for ip in set(held)
+        if ip.version == subnet.network.version and any(a <= int(ip) <= b for a, b in runs)
+    )
     return size - inside

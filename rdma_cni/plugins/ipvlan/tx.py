@@ -36,8 +36,16 @@ from rdma_cni.state import AttachmentRecord, BondRecord
 log = logging.getLogger("rdma_cni.ipvlan")
 
 ADD_STEPS = (
-    "locked", "write-ahead", "link-created", "link-configured", "addresses-added", "link-up",
-    "routes-added", "rdma-checked", "announced", "committed",
+    "locked",
+    "write-ahead",
+    "link-created",
+    "link-configured",
+    "addresses-added",
+    "link-up",
+    "routes-added",
+    "rdma-checked",
+    "announced",
+    "committed",
 )
 PER_BOND_STEPS = ADD_STEPS[2:-1]
 DEL_STEPS = ("del-locked", "del-pod-cleaned", "del-gids-removed")
@@ -53,7 +61,7 @@ def temp_name() -> str:
 def no_ipvlan_error() -> ConfigKeyError:
     return ConfigKeyError(
         "link",
-        'config key \'link\' is "ipvlan", but this kernel has no IPVLAN support (module \'ipvlan\' is '
+        "config key 'link' is \"ipvlan\", but this kernel has no IPVLAN support (module 'ipvlan' is "
         'not built in and cannot be loaded): `modprobe ipvlan` on a kernel that has it, or set "link": '
         '"macvlan" for this node (a macvlan child per pod, a MAC of its own)',
     )
@@ -73,12 +81,14 @@ class AddContext:
 
 def _create(ctx: AddContext, b: BondRecord) -> None:
     if ctx.link == "macvlan":
-        links.create_macvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, "bridge",
-                             group=ctx.rec.link_group)
+        links.create_macvlan(
+            ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, "bridge", group=ctx.rec.link_group
+        )
         return
     try:
-        links.create_ipvlan(ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.ipvlan_mode,
-                            group=ctx.rec.link_group)
+        links.create_ipvlan(
+            ctx.host, b.bond_index, ctx.ns.fd, b.temp_name, ctx.ipvlan_mode, group=ctx.rec.link_group
+        )
     except OSError as exc:
         if error_code(exc) == errno.EOPNOTSUPP:  # no rtnl_link_ops "ipvlan", even after request_module
             raise no_ipvlan_error() from exc
@@ -92,8 +102,9 @@ def add_bond(ctx: AddContext, b: BondRecord, step: list[str]) -> None:
     ctx.fp.hit("link-created")
     step[0] = "configure pod interface"
     # No kernel-made link-local: it would take a RoCE GID slot of the shared table for nothing.
-    pod_link, armed = links.configure_link(ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=True,
-                                           arp_notify=True, arp_own_only=True)
+    pod_link, armed = links.configure_link(
+        ctx.pod, b.temp_name, b.pod_ifname, b.mtu, addrgen_off=True, arp_notify=True, arp_own_only=True
+    )
     index = pod_link.index
     ctx.fp.hit("link-configured")
     step[0] = "add the pod's addresses"
@@ -132,13 +143,17 @@ def plan_pod_routing(pod: RtnlSocket, rec: AttachmentRecord) -> None:
     tables = pod_routing.free_tables(pod, len(rec.bonds), POD_TABLE_BASE)
     for i, (b, table) in enumerate(zip(rec.bonds, tables, strict=True)):
         b.pod_table = table
-        b.pod_rules = [routes.source_rule(a["family"], addresses.ip_of(a), table, POD_RULE_PRIORITY + i)
-                       for a in b.addresses]
+        b.pod_rules = [
+            routes.source_rule(a["family"], addresses.ip_of(a), table, POD_RULE_PRIORITY + i)
+            for a in b.addresses
+        ]
 
 
 def _subnets(b: BondRecord) -> list[tuple[int, str, int, str]]:
-    return [(a["family"], addresses.network_of(a).split("/")[0], a["prefixlen"], addresses.ip_of(a))
-            for a in b.addresses]
+    return [
+        (a["family"], addresses.network_of(a).split("/")[0], a["prefixlen"], addresses.ip_of(a))
+        for a in b.addresses
+    ]
 
 
 def _from_pod(rec: Record, sources: dict[int, str]) -> Record:
@@ -163,8 +178,9 @@ def _pod_routing(ctx: AddContext, b: BondRecord, index: int) -> None:
 Detach = Callable[[BondRecord], None]
 
 
-def teardown(rec: AttachmentRecord, netns_path: str, fp: Failpoints | None = None,
-             detach: Detach | None = None) -> None:
+def teardown(
+    rec: AttachmentRecord, netns_path: str, fp: Failpoints | None = None, detach: Detach | None = None
+) -> None:
     """Undo an attachment's pod side from its record alone (the host bond was never changed):
     the rules and the children (if the recorded netns is still there), then ``detach`` per bond."""
     ns = recorded_netns(rec, netns_path)
@@ -207,5 +223,3 @@ def result_gateway(b: BondRecord, a: Record) -> str:
 
 def describe(b: BondRecord) -> str:
     return f"{b.bond} ({', '.join(addresses.cidr(a) for a in b.addresses)})"
-
-
