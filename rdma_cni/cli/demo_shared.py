@@ -179,10 +179,7 @@ def step_shared_pool(d: SharedDemo, ep: Any) -> list[list[str]]:
         taken = {x for ids in held for x in ids}
         picks = ep.preferred([x.id for x in devs if x.id not in taken], [], 1)
         resp = ep.allocate(picks).container_responses[0]
-        say(
-            f"kubelet admits pod {name} asking for 1: GetPreferredAllocation -> {', '.join(picks)}; "
-            "Allocate ->"
-        )
+        say(f"kubelet admits pod {name} asking for 1: GetPreferredAllocation -> {_ids(picks)}; Allocate ->")
         _check_allocation(d, name, resp)
         if first is None:
             for spec in resp.devices:
@@ -200,6 +197,11 @@ def step_shared_pool(d: SharedDemo, ep: Any) -> list[list[str]]:
         held.append(picks)
     say(f"-> no {' / '.join(GID_ENV)}: a shared-mode pod's own GID index exists only after its CNI ADD")
     return held
+
+
+def _ids(ids: list[str]) -> str:
+    """Virtual device IDs quoted: "0" is an ID, not a count."""
+    return ", ".join(f'"{i}"' for i in ids)
 
 
 def _check_allocation(d: SharedDemo, pod: str, resp: Any) -> None:
@@ -223,7 +225,7 @@ def step_add(d: SharedDemo, held: list[list[str]]) -> None:
     d.write_checkpoint(held)
     say(
         "kubelet device checkpoint: "
-        + ", ".join(f"{name} holds {', '.join(ids)}" for name, ids in zip(d.pod_names, held, strict=True))
+        + ", ".join(f"{name} holds device {_ids(ids)}" for name, ids in zip(d.pod_names, held, strict=True))
     )
     from rdma_cni.sim.node import wait_watched
 
