@@ -51,6 +51,8 @@ POD = {"namespace": "default", "name": "rdma-demo-0"}
 # The seed's two cluster network modes: the default network each names, and the reference plugin that
 # plays it here (VPC-CNI routes each pod over its own link; GlobalRouter bridges pods on the node).
 MODES = {"vpc-cni": ("tke-route-eni", "ptp"), "global-router": ("tke-bridge", "bridge")}
+# The RDMA modes (TKE's rdma-agent has both): exclusive is this module's, shared demo_shared's.
+RDMA_MODES = ("exclusive", "shared")
 
 
 class DemoFailed(Exception):
@@ -238,7 +240,7 @@ class Demo:
             cmd = [sys.executable, "-m", "rdma_cni.cli.device_plugin"]
         cmd = ["ip", "netns", "exec", self.node, *cmd, "--kubelet-root-dir", str(self.kubelet_root),
                "--sysfs-root", self.sysfs, "--dev-root", self.dev_root,
-               "--cni-conf", str(self.conf_dir / "rdma-multus.d" / "tke-rdma-macvlan.conf"),
+               *self.device_plugin_config(),
                "--log-file", str(self.tmp / "log" / "rdma-device-plugin.log")]
         say(f"$ {' '.join(cmd[4:])}")
         env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -259,6 +261,10 @@ class Demo:
                 proc.kill()
                 proc.wait()
             kubelet.stop()
+
+    def device_plugin_config(self) -> list[str]:
+        """The plugin's config flags: rdma-macvlan's delegate config (shared mode gives its own)."""
+        return ["--cni-conf", str(self.conf_dir / "rdma-multus.d" / "tke-rdma-macvlan.conf")]
 
     # ---- the plugins and their configs ----------------------------------------------------------
     def install_plugins(self) -> None:
@@ -646,7 +652,14 @@ def scenario(d: Demo) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bonds", type=int, default=4, help="bond NICs on the node (default 4)")
-    parser.add_argument("--mode", choices=sorted(MODES), default="vpc-cni", help="the cluster network mode")
+    parser.add_argument(
+        "--mode",
+        action="append",
+        choices=[*sorted(MODES), *RDMA_MODES],
+        default=[],
+        help="the cluster network mode (vpc-cni, the default, or global-router) and/or the RDMA mode "
+        "(exclusive, the default: rdma-macvlan; shared: rdma-ipvlan and a shared pool); twice for both",
+    )
     parser.add_argument("--pod-bonds", type=int, default=2, help="RDMA NICs the pod asks for (default 2)")
     parser.add_argument(
         "--bundle",
@@ -655,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
         "installed with scripts/install.sh, instead of the Python entry points",
     )
     args = parser.parse_args(argv)
+    network, rdma_mode = _modes(parser, args.mode)
+    if rdma_mode == "shared":
+        args.pod_bonds = args.bonds  # every pod gets a child of every bond
     if os.geteuid() != 0:
         sys.stderr.write("demo: needs root (it creates network namespaces)\n")
         return 2
@@ -662,7 +678,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("demo: need 1 <= --pod-bonds <= --bonds <= 8\n")
         return 2
     sweep_leftovers()
-    demo = Demo(args.bonds, args.pod_bonds, os.path.abspath(args.bundle) if args.bundle else "", args.mode)
+    bundle = os.path.abspath(args.bundle) if args.bundle else ""
+    if rdma_mode == "shared":
+        from rdma_cni.cli import demo_shared
+
+        return demo_shared.run_demo(args.bonds, bundle, network)
+    demo = Demo(args.bonds, args.pod_bonds, bundle, network)
     signal.signal(signal.SIGTERM, _interrupted)
     started = time.monotonic()
     try:
@@ -679,6 +700,15 @@ def main(argv: list[str] | None = None) -> int:
         say(f"\ncleaned up: removed {demo.tag}-* namespaces and {demo.tmp}")
     say(f"demo OK in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def _modes(parser: argparse.ArgumentParser, given: list[str]) -> tuple[str, str]:
+    """(cluster network mode, RDMA mode) of the ``--mode`` values: one of each at most."""
+    networks = {m for m in given if m in MODES}
+    rdma = {m for m in given if m in RDMA_MODES}
+    if len(networks) > 1 or len(rdma) > 1:
+        parser.error(f"--mode {' --mode '.join(given)}: one cluster network mode and one RDMA mode at most")
+    return next(iter(networks), "vpc-cni"), next(iter(rdma), "exclusive")
 
 
 def _interrupted(signum: int, frame: object) -> None:

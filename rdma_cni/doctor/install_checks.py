@@ -1,6 +1,6 @@
 """Is rdma-cni installed the way the runtime will use it: the plugin binaries in the CNI bin dir, the
-config the runtime picks (the first file in the conf dir), the tke-rdma-macvlan delegate config and
-the default network rdma-multus delegates to.
+config the runtime picks (the first file in the conf dir), the tke-rdma-macvlan delegate config (on a
+shared-mode node, which has none, rdma-ipvlan's) and the default network rdma-multus delegates to.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.node import DELEGATE_NAME, DELEGATE_SUBDIR, META_NAME, NodeSnapshot
 
 PLUGINS = ("rdma-macvlan", "rdma-multus")
+SHARED_PLUGIN = "rdma-ipvlan"  # checked too where an rdma-ipvlan network is installed (shared mode)
 CONFIG_EXTENSIONS = (".conf", ".conflist", ".json")
 
 
 def check_binaries(snap: NodeSnapshot) -> list[Finding]:
     out = []
     bin_dir = snap.paths.cni_bin_dir
-    for name in PLUGINS:
+    shared = _shared_config(snap.paths.conf_dir) is not None
+    for name in (*PLUGINS, *((SHARED_PLUGIN,) if shared else ())):
         path = os.path.join(bin_dir, name)
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             out.append(
@@ -125,6 +127,9 @@ def _delegate_finding(snap: NodeSnapshot) -> Finding:
 
     path = os.path.join(snap.paths.conf_dir, DELEGATE_SUBDIR, f"{DELEGATE_NAME}.conf")
     name = f"config {DELEGATE_NAME}"
+    shared = None if os.path.exists(path) else _shared_config(snap.paths.conf_dir)
+    if shared is not None:
+        return _shared_delegate_finding(*shared)
     try:
         raw = _load_json(path)
         cfg = parse_config(raw)
@@ -142,6 +147,25 @@ def _delegate_finding(snap: NodeSnapshot) -> Finding:
     if raw.get("type") != "rdma-macvlan":
         return Finding(name, FAIL, f"{path} has type {raw.get('type')!r}", "its type must be rdma-macvlan")
     return Finding(name, OK, f"{path}: rdma.netnsMode {cfg.rdma.netns_mode}, dataDir {cfg.data_dir}")
+
+
+def _shared_config(conf_dir: str) -> tuple[str, dict[str, Any]] | None:
+    from rdma_cni.doctor.shared_pools import find_config
+
+    return find_config(conf_dir)
+
+
+def _shared_delegate_finding(path: str, raw: dict[str, Any]) -> Finding:
+    """A shared-mode node: rdma-ipvlan's network in place of tke-rdma-macvlan's, read as the plugin
+    reads it (a bad key is the plugin's own error 7 message)."""
+    from rdma_cni.plugins.ipvlan.config import parse_config
+
+    name = f"config {raw.get('name') or SHARED_PLUGIN}"
+    try:
+        cfg, _ = parse_config(raw)
+    except CniError as exc:
+        return Finding(name, FAIL, f"{path}: {exc.msg}", "fix the key named, or reinstall with install.sh")
+    return Finding(name, OK, f"{path}: shared mode, link {cfg.link}, dataDir {cfg.data_dir}")
 
 
 def _default_delegates(conf_dir: str, meta: dict[str, Any]) -> list[Finding]:

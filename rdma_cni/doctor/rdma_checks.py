@@ -8,6 +8,7 @@ from __future__ import annotations
 from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
+from rdma_cni.doctor.shared_pools import find_config
 from rdma_cni.rdma import mode
 from rdma_cni.rdma.sysfs import ROCE_V2, GidEntry, RdmaPort
 
@@ -131,11 +132,17 @@ def check_gids(snap: NodeSnapshot) -> list[Finding]:
         )
     elif indices:
         index = next(iter(indices.values()))
+        advice = f"NCCL_IB_GID_INDEX={index}"
+        if find_config(snap.paths.conf_dir) is not None:  # shared mode: not the pods' index
+            advice += (
+                " for rdma-macvlan pods; an rdma-ipvlan pod's addresses have indexes of their own: its "
+                "network-status device-info has them, NCCL >= 2.21 finds them with the variable unset"
+            )
         out.append(
             Finding(
                 "gid-index-unified",
                 OK,
-                f"every device has its RoCE v2 IPv4 GID at index {index} (NCCL_IB_GID_INDEX={index})",
+                f"every device has its RoCE v2 IPv4 GID at index {index} ({advice})",
             )
         )
     return out

@@ -1,6 +1,6 @@
 """Is the plugin's state consistent with the node: every pin held by a live pod netns, every state
-file readable, no GID record left behind by a pod that is gone, and any give-back that left a
-re-addressed bond's old addresses out (WARN).
+file readable, no GID record left behind by a pod that is gone (rdma-ipvlan's pods' records are
+theirs), and any give-back that left a re-addressed bond's old addresses out (WARN).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def check_state(snap: NodeSnapshot) -> list[Finding]:
 def _stale_gid_records(snap: NodeSnapshot) -> list[Finding]:
     from rdma_cni.rdma import records
 
-    known = {rec.container_id for rec in snap.attachments}
+    known = {rec.container_id for rec in snap.attachments} | _shared_mode_containers(snap.paths.conf_dir)
     out = []
     for cid, ifnames in records.list_pod_records(snap.run_dir).items():
         if cid not in known:
@@ -87,3 +87,21 @@ def _stale_gid_records(snap: NodeSnapshot) -> list[Finding]:
                 )
             )
     return out
+
+
+def _shared_mode_containers(conf_dir: str) -> set[str]:
+    """Containers rdma-ipvlan holds addresses for: their GID records (``mode: shared``) sit in the
+    same runDir as rdma-macvlan's and are theirs, not left behind."""
+    from rdma_cni.cni.errors import CniError
+    from rdma_cni.doctor.shared_pools import find_config
+    from rdma_cni.plugins.ipvlan.config import parse_del_config
+    from rdma_cni.state import NodeState
+
+    found = find_config(conf_dir)
+    if found is None:
+        return set()
+    try:
+        cfg, _ = parse_del_config(found[1])
+    except CniError:
+        return set()
+    return {rec.container_id for rec in NodeState(cfg.data_dir).attachments()}
