@@ -83,23 +83,12 @@ class SharedDemo(demo.Demo):
         )
         self.delegate.write_text(json.dumps(conf, indent=2))
 
-    def write_checkpoint(self, held: list[list[str]]) -> None:
-        """What kubelet records after admitting the pods: each pod's virtual devices of the pool."""
-        entries = [
-            {
-                "PodUID": uid,
-                "ContainerName": "main",
-                "ResourceName": RESOURCE,
-                "DeviceIDs": {"0": ids},
-                "AllocResp": "",
-            }
-            for uid, ids in zip(self.pod_uids, held, strict=True)
-        ]
-        path = self.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 0})
-        )
+    def admit_pods(self, held: list[list[str]]) -> None:
+        """What kubelet's PodResources API answers once it admitted the pods: each pod's virtual
+        devices of the shared pool; rdma-multus asks it at ADD, as on a real node (no checkpoint)."""
+        self.pod_resources.set_allocatable(RESOURCE, {str(i): None for i in range(SHARED_COUNT)})
+        for name, ids in zip(self.pod_names, held, strict=True):
+            self.pod_resources.set_pod(demo.POD["namespace"], name, {"main": {RESOURCE: ids}})
 
     def bond_snapshot(self) -> dict[str, Any]:
         """The node's snapshot as far as the bonds go: their addresses and routes, and the rules (the
@@ -222,9 +211,10 @@ def _check_allocation(d: SharedDemo, pod: str, resp: Any) -> None:
 
 def step_add(d: SharedDemo, held: list[list[str]]) -> None:
     banner(f"3. Two pods, each {ANNOTATION}: {d.networks}; {RESOURCE}: 1")
-    d.write_checkpoint(held)
+    d.admit_pods(held)
+    asked = len(d.pod_resources.calls)
     say(
-        "kubelet device checkpoint: "
+        "kubelet PodResources: "
         + ", ".join(f"{name} holds device {_ids(ids)}" for name, ids in zip(d.pod_names, held, strict=True))
     )
     from rdma_cni.sim.node import wait_watched
@@ -240,6 +230,11 @@ def step_add(d: SharedDemo, held: list[list[str]]) -> None:
         result = json.loads(proc.stdout)
         names = [x["name"] for x in result["interfaces"]]
         say("-> " + ", ".join(f"{names[ip['interface']]} {ip['address']}" for ip in result["ips"]))
+    calls = d.pod_resources.calls[asked:]
+    if not calls:
+        raise DemoFailed("rdma-multus did not ask kubelet's PodResources API which devices the pods hold")
+    say(f"-> rdma-multus asked kubelet's PodResources API ({', '.join(dict.fromkeys(calls))}) "
+        "which devices each pod holds")
 
 
 def step_pod_view(d: SharedDemo, bonds_before: dict[str, Any], host_index: int) -> list[dict[str, str]]:
