@@ -267,18 +267,22 @@ def test_unknown_plugin_is_refused(agent: RunningAgent) -> None:
 
 def test_busy_agent_refuses_so_the_caller_runs_in_process(tmp_path: Path) -> None:
     running = start_agent(tmp_path, "--max-workers", "1")
+    # the first call holds the only worker until the second was refused, however slow the machine
+    release = tmp_path / "release"
     try:
         started = tmp_path / "started.json"
         slow = threading.Thread(
             target=client.forward,
-            args=("probe", cni_env("ADD"), probe_conf(sleep=2, startedFile=str(started))),
+            args=("probe", cni_env("ADD"), probe_conf(holdFile=str(release), startedFile=str(started))),
             kwargs={"path": running.sock},
         )
         slow.start()
         read_json(started)
         assert client.forward("probe", cni_env("DEL"), probe_conf(), path=running.sock) is None
+        release.touch()
         slow.join()
     finally:
+        release.touch()
         stop(running.proc)
 
 
