@@ -50,7 +50,50 @@ FIRST: tuple[str, ...] = (
     "test_install.py",
 )
 
-QUICK: tuple[str, ...] = ()
+QUICK: tuple[str, ...] = (
+    # the pure core: protocol, records, codecs, configs, models (no namespace, milliseconds each)
+    "test_dispatch.py",
+    "test_result.py",
+    "test_conf.py",
+    "test_state.py",
+    "test_rtcodec.py",
+    "test_rdma_records.py",
+    "test_rdma_gid.py",
+    "test_rdma_sysfs.py",
+    "test_sim_model.py",
+    "test_multus_plan.py",
+    "test_multus_status.py",
+    "test_multus_networks.py",
+    "test_deviceplugin_model.py",
+    "test_deviceplugin_config.py",
+    "test_kube_files.py",
+    "test_cni_tool_cache.py",
+    "test_cni_tool_conflist.py",
+    "test_agent_probe.py",
+    # mechanisms against the real kernel
+    "test_net_mechanisms.py::test_netlink_in_talks_to_the_netns_without_forking_and_returns_home",
+    "test_net_mechanisms.py::test_routes_and_rules_are_replayed_exactly_after_the_kernel_flushed_them",
+    "test_sim_node.py::test_daemon_process_follows_a_move_and_stops_by_pid",
+    "test_kube_client.py::test_get_pod_with_each_kind_of_credential",
+    "test_kube_podresources.py::test_get_answers_one_pod_with_every_containers_devices_once",
+    # one real-netns round trip per plugin: rdma-macvlan in-process and through the agent's C client,
+    # with the simulated RDMA device; rdma-multus with its API server, then with rdma-macvlan under it
+    "test_macvlan_netns.py::test_one_bond_ip_move_round_trip_restores_node_exactly",
+    "test_macvlan_rdma.py::test_add_keeps_the_host_gid_index_records_it_and_del_gives_it_back",
+    "test_multus_netns.py::test_tke_pod_gets_eth0_from_default_and_net1_from_the_rdma_network",
+    "test_multus_rdma_macvlan.py::test_seed_pod_gets_eth0_and_both_bonds_and_del_gives_them_back",
+    "test_cni_tool.py::test_add_chains_plugins_in_order_and_caches_the_last_result",
+    # the device plugin against the test kubelet, and the allocation reaching the pod
+    "test_deviceplugin_grpc.py::test_registers_and_lists_every_bond_with_its_numa_node",
+    "test_e2e_deviceplugin_multus.py::test_kubelet_allocates_4_of_8_and_the_pod_gets_exactly_those_bonds_and_devices",
+    # the agent: its answer is the in-process one, through the Python and the C client
+    "test_agent.py::test_agent_answer_equals_the_in_process_answer",
+    "test_agent.py::test_c_client_answer_equals_the_in_process_answer",
+    "test_agent_macvlan.py::test_agent_and_in_process_give_the_same_results_and_host_changes",
+    # node checks and metrics read the same node
+    "test_doctor.py::test_healthy_node_from_the_real_kernel_capture_is_all_ok",
+    "test_metrics.py::test_bonds_holders_lost_and_gid_indices",
+)
 # fmt: on
 
 
