@@ -4,6 +4,9 @@ A test module marked ``both_modes`` runs every test that uses ``node_ns`` twice:
 run in-process (``python -m rdma_cni.cli.macvlan``) and as shipped (the C client answered by an
 ``rdma-agent``, fallback disabled). ``in_process_only`` keeps a test to the first (it signals the
 plugin's own process, which in agent mode is the client, not the worker doing the work).
+
+``--serial include|exclude|only`` and ``--quick`` select by :mod:`suite_plan`, which also marks the
+tests that share a worker or run alone (``scripts/test`` runs the suite in two passes with them).
 """
 
 from __future__ import annotations
@@ -11,7 +14,29 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import suite_plan
 from netns import Node, can_run, node
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("rdma-cni", "rdma-cni test schedule (tests/suite_plan.py)")
+    group.addoption(
+        "--serial",
+        choices=("include", "exclude", "only"),
+        default="include",
+        help="the tests that must run alone: with the rest (default), left out (the parallel pass of "
+        "scripts/test) or only them (its second pass, without workers)",
+    )
+    group.addoption(
+        "--quick",
+        action="store_true",
+        help="only the inner-loop set (tests/suite_plan.py QUICK): every module touched once",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist renames grouped tests and before -k/-m deselect
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite_plan.apply(config, items)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

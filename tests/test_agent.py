@@ -267,18 +267,22 @@ def test_unknown_plugin_is_refused(agent: RunningAgent) -> None:
 
 def test_busy_agent_refuses_so_the_caller_runs_in_process(tmp_path: Path) -> None:
     running = start_agent(tmp_path, "--max-workers", "1")
+    # the first call holds the only worker until the second was refused, however slow the machine
+    release = tmp_path / "release"
     try:
         started = tmp_path / "started.json"
         slow = threading.Thread(
             target=client.forward,
-            args=("probe", cni_env("ADD"), probe_conf(sleep=2, startedFile=str(started))),
+            args=("probe", cni_env("ADD"), probe_conf(holdFile=str(release), startedFile=str(started))),
             kwargs={"path": running.sock},
         )
         slow.start()
         read_json(started)
         assert client.forward("probe", cni_env("DEL"), probe_conf(), path=running.sock) is None
+        release.touch()
         slow.join()
     finally:
+        release.touch()
         stop(running.proc)
 
 
@@ -371,11 +375,14 @@ def test_while_calls_run_no_spare_is_forked_and_a_call_finding_all_busy_waits_th
     CPUs the running calls need): a call that finds every worker busy waits --queue-wait for one to
     come back, then one more worker is forked for it; after the calls, PREFORK idle again."""
     running = start_agent(tmp_path, "--queue-wait", "1.5", "--trim-after", "0.5")
+    # the two calls hold their workers until the third call was answered, however slow the machine
+    # (6 s of sleep ran out under load before the third call had waited)
+    release = tmp_path / "release"
     try:
         idle = wait_for_children(running.pid, 2)
         started1, started2 = tmp_path / "started1.json", tmp_path / "started2.json"
-        slow1 = probe_conf(sleep=6, startedFile=str(started1))
-        slow2 = probe_conf(sleep=6, startedFile=str(started2))
+        slow1 = probe_conf(holdFile=str(release), startedFile=str(started1))
+        slow2 = probe_conf(holdFile=str(release), startedFile=str(started2))
         first, box1 = forward_in_thread(running.sock, cni_env("ADD"), slow1)
         busy1 = int(str(read_json(started1)["pid"]))
         second, box2 = forward_in_thread(running.sock, cni_env("DEL"), slow2)
@@ -387,18 +394,21 @@ def test_while_calls_run_no_spare_is_forked_and_a_call_finding_all_busy_waits_th
             time.sleep(0.01)
         marker = tmp_path / "third.json"
         t0 = time.monotonic()
-        answer = client.forward("probe", cni_env("CHECK"), probe_conf(probeFile=str(marker)), 30,
-                                running.sock)
+        answer = client.forward(
+            "probe", cni_env("CHECK"), probe_conf(probeFile=str(marker)), 30, running.sock
+        )
         waited = time.monotonic() - t0
         assert answer is not None and answer.code == 0
         assert int(str(read_json(marker)["pid"])) not in idle  # a fresh worker, forked for it
         assert waited >= 1.4, f"served after {waited:.2f} s: it did not wait for a busy worker"
         assert "a call waited" in running.log.read_text()
+        release.touch()
         first.join(30)
         second.join(30)
         assert [type(box1[0]), type(box2[0])] == [client.Answer, client.Answer]
         wait_for_children(running.pid, 2, timeout=20)
     finally:
+        release.touch()
         stop(running.proc)
 
 
@@ -409,22 +419,27 @@ def test_a_call_waiting_while_a_worker_waits_on_a_plugin_it_ran_gets_a_worker_at
     waiting in the agent's backlog) must not make that call wait --queue-wait: one more worker at
     once, or multus -> rdma-macvlan through the agent would queue behind itself."""
     running = start_agent(tmp_path, "--prefork", "1", "--queue-wait", "20")
+    started, release = tmp_path / "started.json", tmp_path / "release"
     try:
         wait_for_children(running.pid, 1)
-        started = tmp_path / "started.json"
         nested, box = forward_in_thread(
-            running.sock, cni_env("ADD"), probe_conf(childSleep=8, startedFile=str(started))
+            running.sock, cni_env("ADD"), probe_conf(childHoldFile=str(release), startedFile=str(started))
         )
-        read_json(started)
-        time.sleep(0.3)  # its child runs now
+        worker = int(str(read_json(started)["pid"]))
+        deadline = time.monotonic() + 20
+        while not children_of(worker):  # its child runs now (the event the agent looks for)
+            assert time.monotonic() < deadline, "the worker never started its child"
+            time.sleep(0.01)
         t0 = time.monotonic()
         answer = client.forward("probe", cni_env("CHECK"), probe_conf(), 30, running.sock)
         assert answer is not None and answer.code == 0
         assert time.monotonic() - t0 < 10, "the call waited for the worker that waits on its child"
         assert "waits on a plugin it ran" in running.log.read_text()
+        release.touch()
         nested.join(30)
         assert type(box[0]) is client.Answer
     finally:
+        release.touch()
         stop(running.proc)
 
 
@@ -606,13 +621,32 @@ def test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the
             assert time.monotonic() < deadline, "the agent never learned which pages calls write"
             time.sleep(0.05)
         hot_kib = int(float(found[-1]) * 1024)
-        time.sleep(1.0)  # the retired never-prefaulted workers are replaced
+        # the first pool (forked before the agent knew what to copy) is retired but for the worker
+        # that served: wait for that, not a second's sleep (not an assertion: at most 30 s)
+        first_pool, deadline = idle, time.monotonic() + 30
+        while time.monotonic() < deadline:
+            live = live_children(running.pid)
+            if len(live) == PREFORK and len(live & first_pool) <= 1:
+                break
+            time.sleep(0.02)
         idle = wait_for_children(running.pid, PREFORK)
         answers: list[object] = []
         marks = [tmp_path / f"burst{i}.json" for i in range(PREFORK)]
-        calls = [threading.Thread(target=lambda m=m: answers.append(client.forward(
-            "probe", cni_env("ADD"), probe_conf(sleep=0.3, probeFile=str(m)), 30, running.sock)))
-            for m in marks]
+        meet = tmp_path / "burst-barrier"  # all PREFORK calls run at once, however slow the machine
+        calls = [
+            threading.Thread(
+                target=lambda m=m: answers.append(
+                    client.forward(
+                        "probe",
+                        cni_env("ADD"),
+                        probe_conf(barrier=str(meet), barrierCount=PREFORK, probeFile=str(m)),
+                        30,
+                        running.sock,
+                    )
+                )
+            )
+            for m in marks
+        ]
         for t in calls:
             t.start()
         for t in calls:
@@ -630,7 +664,6 @@ def test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the
             time.sleep(0.1)
     finally:
         stop(running.proc)
-
 
 
 def test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit(tmp_path: Path) -> None:
@@ -746,8 +779,12 @@ def _call_from(netns_name: str, sock: str, marker: Path, **conf: object) -> tupl
         "print(json.dumps([a.code if a else -1, os.stat('/proc/self/ns/net').st_ino, "
         "os.stat('/proc/self/ns/mnt').st_ino]))"
     )
-    out = subprocess.run(["ip", "netns", "exec", netns_name, sys.executable, "-c", script], check=True,
-                         capture_output=True, cwd=REPO)
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns_name, sys.executable, "-c", script],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+    )
     code, net, mnt = json.loads(out.stdout)
     return int(code), int(net), int(mnt)
 
@@ -798,8 +835,6 @@ def test_a_call_that_leaves_something_behind_ends_its_worker(
         stop(running.proc)
 
 
-
-
 def test_calls_per_worker_bounds_how_many_calls_a_worker_serves(tmp_path: Path) -> None:
     running = start_agent(tmp_path, "--calls-per-worker", "2")
     try:
@@ -814,16 +849,22 @@ def test_calls_per_worker_bounds_how_many_calls_a_worker_serves(tmp_path: Path) 
         stop(running.proc)
 
 
-
-
 def test_after_a_burst_the_surplus_idle_workers_leave_and_no_call_is_lost(tmp_path: Path) -> None:
     running = start_agent(tmp_path)
     try:
         results: list[object] = []
+        meet = str(tmp_path / "barrier")  # the six calls run at once, however slow the machine
         calls = [
-            threading.Thread(target=lambda i=i: results.append(client.forward(
-                "probe", cni_env("ADD"), probe_conf(sleep=0.5, probeFile=str(tmp_path / f"b{i}.json")),
-                path=running.sock)))
+            threading.Thread(
+                target=lambda i=i: results.append(
+                    client.forward(
+                        "probe",
+                        cni_env("ADD"),
+                        probe_conf(barrier=meet, barrierCount=6, probeFile=str(tmp_path / f"b{i}.json")),
+                        path=running.sock,
+                    )
+                )
+            )
             for i in range(6)
         ]
         for t in calls:
@@ -871,13 +912,16 @@ def test_back_to_back_bursts_while_surplus_workers_are_trimmed_lose_no_call(tmp_
 def _burst(sock: str, tmp: Path, tag: str, n: int = 6) -> set[int]:
     """n overlapping calls; the pids of the workers that served them.
 
-    Each call holds its worker 2 s, so the n calls overlap even when starting a thread or forking a
-    worker takes a second on a loaded machine (0.5 s let a worker finish and be reused).
+    Each call holds its worker until all n have arrived at a barrier, so the n calls overlap however
+    long starting a thread or forking a worker takes on a loaded machine (a 0.5 s, later 2 s, sleep
+    let a worker finish and be reused under load).
     """
     answers: list[object] = []
 
     def call(i: int) -> None:
-        stdin = probe_conf(sleep=2.0, probeFile=str(tmp / f"{tag}{i}.json"))
+        stdin = probe_conf(
+            barrier=str(tmp / f"{tag}-barrier"), barrierCount=n, probeFile=str(tmp / f"{tag}{i}.json")
+        )
         answers.append(client.forward("probe", cni_env("ADD"), stdin, 30, sock))
 
     calls = [threading.Thread(target=call, args=(i,)) for i in range(n)]

@@ -7,6 +7,12 @@ config's ``probeFile``, writes a line on stderr, and can sleep during ADD/DEL (`
 after writing ``startedFile``) so a test can kill the process running it mid-call. ``leakFd`` and
 ``leaveThread`` (seconds) make it leave a descriptor or a running thread behind. ``childSleep``
 (seconds) runs ``sleep`` as a child process and waits for it, as a plugin waits for a delegate.
+
+Tests that need calls to overlap wait on events, not on sleeps long enough for a loaded machine:
+``barrier`` (a directory) with ``barrierCount`` N holds each call until N calls have arrived there,
+so N calls are certainly running at once; ``holdFile`` holds the call until that file exists (the
+test creates it once it has seen what it needed while the call ran); ``childHoldFile`` runs a child
+process that waits for that file, as a plugin waits for a delegate that is still working.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import os
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -41,6 +49,26 @@ def where_am_i() -> dict[str, object]:
 
 
 LEFT_BEHIND: list[object] = []  # what a probe told to leak something keeps alive
+HOLD_LIMIT = 120.0  # a hold the test never releases ends here: the test then fails on what it asserts
+CHILD_HOLD = (
+    'end=$(($(date +%s) + $2)); while [ ! -e "$1" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 0.02; done'
+)
+
+
+def _hold(released: Callable[[], bool]) -> None:
+    """Block until ``released()``: the event the test waits for, polled (a call holds a worker, so
+    the poll's cost is the test's alone)."""
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not released() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _meet(directory: str, count: int) -> None:
+    """Arrive at the barrier in ``directory`` and wait for ``count`` calls to have arrived."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{os.getpid()}-{uuid.uuid4().hex[:8]}"), "w"):
+        pass
+    _hold(lambda: len(os.listdir(directory)) >= count)
 
 
 class Probe:
@@ -57,11 +85,20 @@ class Probe:
         if started:
             with open(started, "w") as f:
                 json.dump(where_am_i(), f)
+        if req.config.get("barrier"):
+            _meet(str(req.config["barrier"]), int(req.config.get("barrierCount", 1)))
+        if req.config.get("holdFile"):
+            hold = str(req.config["holdFile"])
+            _hold(lambda: os.path.exists(hold))
         time.sleep(float(req.config.get("sleep", 0)))
-        if req.config.get("childSleep"):
+        if req.config.get("childSleep") or req.config.get("childHoldFile"):
             import subprocess
 
-            subprocess.run(["sleep", str(float(req.config["childSleep"]))], check=True)
+            if req.config.get("childHoldFile"):
+                argv = ["sh", "-c", CHILD_HOLD, "sh", str(req.config["childHoldFile"]), str(int(HOLD_LIMIT))]
+            else:
+                argv = ["sleep", str(float(req.config["childSleep"]))]
+            subprocess.run(argv, check=True)
         out = req.config.get("probeFile")
         if out:
             with open(out, "w") as f:

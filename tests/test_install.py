@@ -1,8 +1,8 @@
 """The shipped artifact: scripts/build's onedir bundle and scripts/install.sh.
 
-The bundle is built once per test session (PyInstaller, ~10-60 s) and installed into temporary
-directories; every check runs the installed binaries with no Python reachable (PATH holds only `ip`),
-so a node without Python is what is tested.
+The bundle is built once per test run (PyInstaller, ~10-60 s; shared by the test workers) and
+installed into temporary directories; every check runs the installed binaries with no Python
+reachable (PATH holds only `ip`), so a node without Python is what is tested.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_builds import built_once
 
 REPO = Path(__file__).resolve().parent.parent
 NAMES = ("rdma-macvlan", "rdma-multus", "cni-tool")
@@ -37,11 +38,14 @@ def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="session")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """dist/rdma-cni as scripts/build makes it, built into a temp dir (never the repo's dist/)."""
-    out = tmp_path_factory.mktemp("h6-dist")
-    proc = _run([str(REPO / "scripts" / "build"), "--out", str(out)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out / "rdma-cni"
+    """dist/rdma-cni as scripts/build makes it, built into a temp dir (never the repo's dist/), once
+    per run for all test workers (tests/shared_builds.py)."""
+
+    def build(out: Path) -> None:
+        proc = _run([str(REPO / "scripts" / "build"), "--out", str(out)])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "h6-dist", build) / "rdma-cni"
 
 
 def no_python_path(base: Path) -> str:

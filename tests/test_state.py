@@ -78,6 +78,9 @@ def test_pins_come_from_the_records(tmp_path: str) -> None:
     [b"{not json", b"", b"[]", json.dumps({"schema": 99}).encode(),
      json.dumps({**rec().to_dict(), "phase": "exploded"}).encode(),
      json.dumps({**rec().to_dict(), "container_id": "../../x"}).encode()],
+    # named, not spelled out: the records carry their creation time, and test workers must collect
+    # the same test ids
+    ids=["not-json", "empty", "list", "schema-99", "phase-exploded", "container-id-escapes"],
 )
 def test_unreadable_files_are_treated_as_absent_and_logged(
     tmp_path: str, content: bytes, caplog: pytest.LogCaptureFixture

@@ -1,0 +1,148 @@
+"""How the suite runs in parallel (``scripts/test``: pytest-xdist workers), in one place with the why.
+
+- ``SERIAL``: tests that must run alone, in a second pytest run without workers, because what they
+  read is machine-wide (CPU time, memory of a process tree on a busy CPU, SCHED_IDLE work that a busy
+  CPU never lets run) or because they pin timing that other workers' load would break.
+- ``GROUPS``: tests that share one worker, one after another (``--dist loadgroup``): a module-scoped
+  fixture too expensive to make twice (the VM run), or runs that must not overlap each other (a demo
+  run sweeps what dead demo runs left: a second demo must not sweep the one a test killed on purpose).
+- ``FIRST``: the long ones, handed out before the rest so the short tests fill in around them.
+- ``QUICK``: ``scripts/test --quick``, the inner loop: every module's job touched once (the pure core,
+  one real-netns round trip per plugin, the device plugin against the test kubelet, the agent).
+
+Entries name a test file (``test_x.py``: every test in it), a test (``test_x.py::test_y``: each of
+its parameters), or one parameter (``test_x.py::test_y[p]``). An entry that names no collected test
+while its file was collected whole is an error: a renamed test must not quietly leave the schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import pytest
+
+# fmt: off
+SERIAL: Mapping[str, str] = {
+    "test_agent_prefault.py": "prefault runs under SCHED_IDLE: on CPUs the other workers keep busy it "
+    "gets no time at all, and these tests watch it run and stop",
+    "test_agent.py::test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the_hot_pages":
+    "reads the workers' private dirty memory against the hot pages, which SCHED_IDLE prefault copies",
+    "test_agent.py::test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit":
+    "a memory bound of a process tree",
+    "test_metrics_agent.py::test_prometheus_sees_the_bond_lent_to_the_pod_then_back_on_the_host":
+    "asserts the warm ADD lands in the 1 s histogram bucket: a duration",
+}
+
+GROUPS: Mapping[str, str] = {
+    # one module-scoped VM run (the scenario) read by ten tests, and two more boots: one TCG guest
+    # at a time takes one of the two CPUs, not both
+    "test_vm_e2e.py": "vm",
+    # scripts/demo sweeps the namespaces of dead demo runs: a second demo at the same time would sweep
+    # the run test_a_killed_run_is_swept_by_the_next_one killed before it looks
+    "test_ship_demo.py": "demo",
+    "test_install.py::test_demo_runs_on_the_installed_bundle": "demo",
+}
+
+FIRST: tuple[str, ...] = (
+    "test_macvlan_concurrency.py::test_200_concurrent_add_del_cycles_leave_nothing_behind",
+    "test_vm_e2e.py",
+    "test_ship_demo.py",
+    "test_install.py",
+)
+
+QUICK: tuple[str, ...] = (
+    # the pure core: protocol, records, codecs, configs, models (no namespace, milliseconds each)
+    "test_dispatch.py",
+    "test_result.py",
+    "test_conf.py",
+    "test_state.py",
+    "test_rtcodec.py",
+    "test_rdma_records.py",
+    "test_rdma_gid.py",
+    "test_rdma_sysfs.py",
+    "test_sim_model.py",
+    "test_multus_plan.py",
+    "test_multus_status.py",
+    "test_multus_networks.py",
+    "test_deviceplugin_model.py",
+    "test_deviceplugin_config.py",
+    "test_kube_files.py",
+    "test_cni_tool_cache.py",
+    "test_cni_tool_conflist.py",
+    "test_agent_probe.py",
+    # mechanisms against the real kernel
+    "test_net_mechanisms.py::test_netlink_in_talks_to_the_netns_without_forking_and_returns_home",
+    "test_net_mechanisms.py::test_routes_and_rules_are_replayed_exactly_after_the_kernel_flushed_them",
+    "test_sim_node.py::test_daemon_process_follows_a_move_and_stops_by_pid",
+    "test_kube_client.py::test_get_pod_with_each_kind_of_credential",
+    "test_kube_podresources.py::test_get_answers_one_pod_with_every_containers_devices_once",
+    # one real-netns round trip per plugin: rdma-macvlan in-process and through the agent's C client,
+    # with the simulated RDMA device; rdma-multus with its API server, then with rdma-macvlan under it
+    "test_macvlan_netns.py::test_one_bond_ip_move_round_trip_restores_node_exactly",
+    "test_macvlan_rdma.py::test_add_keeps_the_host_gid_index_records_it_and_del_gives_it_back",
+    "test_multus_netns.py::test_tke_pod_gets_eth0_from_default_and_net1_from_the_rdma_network",
+    "test_multus_rdma_macvlan.py::test_seed_pod_gets_eth0_and_both_bonds_and_del_gives_them_back",
+    "test_cni_tool.py::test_add_chains_plugins_in_order_and_caches_the_last_result",
+    # the device plugin against the test kubelet, and the allocation reaching the pod
+    "test_deviceplugin_grpc.py::test_registers_and_lists_every_bond_with_its_numa_node",
+    "test_e2e_deviceplugin_multus.py::test_kubelet_allocates_4_of_8_and_the_pod_gets_exactly_those_bonds_and_devices",
+    # the agent: its answer is the in-process one, through the Python and the C client
+    "test_agent.py::test_agent_answer_equals_the_in_process_answer",
+    "test_agent.py::test_c_client_answer_equals_the_in_process_answer",
+    "test_agent_macvlan.py::test_agent_and_in_process_give_the_same_results_and_host_changes",
+    # node checks and metrics read the same node
+    "test_doctor.py::test_healthy_node_from_the_real_kernel_capture_is_all_ok",
+    "test_metrics.py::test_bonds_holders_lost_and_gid_indices",
+)
+# fmt: on
+
+
+def matches(entry: str, nodeid: str) -> bool:
+    """``entry`` (relative to tests/) names the test ``nodeid`` (as pytest spells it)."""
+    test = nodeid.removeprefix("tests/")
+    return test == entry or test.startswith((f"{entry}::", f"{entry}["))
+
+
+def _first_match(entries: Iterable[str], nodeid: str) -> str | None:
+    return next((e for e in entries if matches(e, nodeid)), None)
+
+
+def check_entries(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every entry must name a collected test when its file was collected whole."""
+    if any("::" in arg for arg in config.args) or config.getoption("keyword") or config.getoption("markexpr"):
+        return  # a selection narrower than whole files: entries may rightly match nothing
+    files = {item.nodeid.split("::")[0].removeprefix("tests/") for item in items}
+    for table in (SERIAL, GROUPS, FIRST, QUICK):
+        for entry in table:
+            if entry.split("::")[0] in files and not any(matches(entry, i.nodeid) for i in items):
+                raise pytest.UsageError(f"tests/suite_plan.py names {entry!r}, which is no test (renamed?)")
+
+
+def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark, order and select ``items`` as the tables and the command line (``--serial``,
+    ``--quick``) say."""
+    check_entries(config, items)
+    for item in items:
+        if _first_match(SERIAL, item.nodeid) is not None:
+            item.add_marker(pytest.mark.serial)
+        group = next((g for e, g in GROUPS.items() if matches(e, item.nodeid)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        elif item.get_closest_marker("serial") is not None:
+            # run with workers but without --serial exclude (``pytest -n 4`` by hand): at least
+            # never two of them at once
+            item.add_marker(pytest.mark.xdist_group("serial"))
+    # stable: within each rank collection order is kept
+    items.sort(key=lambda item: 0 if _first_match(FIRST, item.nodeid) is not None else 1)
+    keep, drop = [], []
+    serial = config.getoption("serial")
+    quick = config.getoption("quick")
+    for item in items:
+        is_serial = item.get_closest_marker("serial") is not None
+        wanted = (serial == "include" or (serial == "only") == is_serial) and (
+            not quick or _first_match(QUICK, item.nodeid) is not None
+        )
+        (keep if wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
