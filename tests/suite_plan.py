@@ -41,6 +41,7 @@ GROUPS: Mapping[str, str] = {
     # the run test_a_killed_run_is_swept_by_the_next_one killed before it looks
     "test_ship_demo.py": "demo",
     "test_install.py::test_demo_runs_on_the_installed_bundle": "demo",
+    "test_ship_demo_shared.py": "demo",
 }
 
 FIRST: tuple[str, ...] = (
@@ -66,6 +67,9 @@ QUICK: tuple[str, ...] = (
     "test_multus_networks.py",
     "test_deviceplugin_model.py",
     "test_deviceplugin_config.py",
+    "test_deviceplugin_pools.py",
+    "test_deviceplugin_poolconf.py",
+    "test_ipvlan_pool.py",
     "test_kube_files.py",
     "test_cni_tool_cache.py",
     "test_cni_tool_conflist.py",
@@ -83,8 +87,12 @@ QUICK: tuple[str, ...] = (
     "test_multus_netns.py::test_tke_pod_gets_eth0_from_default_and_net1_from_the_rdma_network",
     "test_multus_rdma_macvlan.py::test_seed_pod_gets_eth0_and_both_bonds_and_del_gives_them_back",
     "test_cni_tool.py::test_add_chains_plugins_in_order_and_caches_the_last_result",
+    # rdma-ipvlan (shared mode): pods sharing every bond with addresses of their own, in-process and
+    # through the agent
+    "test_ipvlan_netns.py::test_pods_share_every_bond_with_their_own_addresses_ping_and_del_leaves_the_node_exact",
     # the device plugin against the test kubelet, and the allocation reaching the pod
     "test_deviceplugin_grpc.py::test_registers_and_lists_every_bond_with_its_numa_node",
+    "test_deviceplugin_pools_grpc.py::test_seed_002s_config_json_with_a_second_pool_registers_both_and_allocates_exactly_their_hcas",
     "test_e2e_deviceplugin_multus.py::test_kubelet_allocates_4_of_8_and_the_pod_gets_exactly_those_bonds_and_devices",
     # the agent: its answer is the in-process one, through the Python and the C client
     "test_agent.py::test_agent_answer_equals_the_in_process_answer",
