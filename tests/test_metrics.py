@@ -238,6 +238,7 @@ def test_device_plugin_status_is_read_on_every_scrape(sim: tuple[netns.Node, str
     written.count_allocations(4)
     written.update(devices=[{"id": "mlx5_bond_3", "netdev": "bond3", "numa": None, "healthy": False,
                              "reason": "no IPv4"}])
+    written.close()  # its writer thread has written the last change: a loaded machine lagged it
     reg = scrape()
     assert value(reg, "rdma_cni_device_plugin_registered", resource=RESOURCE) == 1
     assert value(reg, "rdma_cni_device_plugin_registrations_total") == 1
