@@ -143,6 +143,9 @@ def check_entries(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every entry must name a collected test when its file was collected whole."""
     if any("::" in arg for arg in config.args) or config.getoption("keyword") or config.getoption("markexpr"):
         return  # a selection narrower than whole files: entries may rightly match nothing
+    alone = [i.nodeid for i in items if _first_match(QUICK, i.nodeid) and _first_match(SERIAL, i.nodeid)]
+    if alone:
+        raise pytest.UsageError(f"tests/suite_plan.py: QUICK holds tests that must run alone: {alone}")
     files = {item.nodeid.split("::")[0].removeprefix("tests/") for item in items}
     for table in (SERIAL, GROUPS, FIRST, QUICK):
         for entry in table:
