@@ -11,6 +11,7 @@ tests that share a worker or run alone (``scripts/test`` runs the suite in two p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -32,6 +33,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="only the inner-loop set (tests/suite_plan.py QUICK): every module touched once",
     )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the worker count into workers
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``RDMA_CNI_TEST_PASS`` (set by scripts/test, which runs pytest twice with the same arguments):
+    ``parallel`` runs what may share the machine on xdist workers, ``alone`` the rest without any."""
+    suite_plan.configure_pass(config, os.environ.get("RDMA_CNI_TEST_PASS", ""))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist renames grouped tests and before -k/-m deselect

@@ -316,7 +316,7 @@ def launch_agent(sock: str, log: str, *args: str, netns: str = "",
         cmd = ["ip", "netns", "exec", netns, *cmd]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=dict(env) if env else None, cwd=REPO)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a hung agent's bound: a loaded CPU took over 60 s to start one
     while not os.path.exists(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_agent(proc)

@@ -17,6 +17,7 @@ while its file was collected whole is an error: a renamed test must not quietly 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 import pytest
@@ -31,6 +32,11 @@ SERIAL: Mapping[str, str] = {
     "a memory bound of a process tree",
     "test_metrics_agent.py::test_prometheus_sees_the_bond_lent_to_the_pod_then_back_on_the_host":
     "asserts the warm ADD lands in the 1 s histogram bucket: a duration",
+    "test_metrics_agent.py::test_doctor_says_where_the_metrics_are_and_whether_they_answer":
+    "the doctor gives /metrics the product's short HTTP timeout, which busy CPUs overran (WARN)",
+    "test_install.py::test_build_without_client_links_the_plugins_to_the_bundle":
+    "its own PyInstaller build would queue behind the shared bundle's for the cache lock, and its "
+    "300 s bound counts the wait",
 }
 
 GROUPS: Mapping[str, str] = {
@@ -105,6 +111,32 @@ QUICK: tuple[str, ...] = (
 # fmt: on
 
 
+def workers() -> int:
+    """``RDMA_CNI_TEST_WORKERS``, else two per CPU (most tests wait on processes and netlink, not on
+    the CPU), at most 8."""
+    given = os.environ.get("RDMA_CNI_TEST_WORKERS", "")
+    return int(given) if given.isdigit() else min(2 * (os.cpu_count() or 1), 8)
+
+
+def configure_pass(config: pytest.Config, which: str) -> None:
+    """Set up scripts/test's pass ``which`` (``parallel`` or ``alone``; anything else: pytest as
+    invoked). Without pytest-xdist the parallel pass runs every test in this process and the other
+    pass none. ``-n`` given by hand sets the parallel pass's workers."""
+    if which not in ("parallel", "alone") or hasattr(config, "workerinput"):
+        return
+    xdist = config.pluginmanager.hasplugin("xdist") and workers() > 1
+    if which == "alone":
+        config.option.serial = "only" if xdist else "none"
+        if xdist:
+            config.option.numprocesses, config.option.dist, config.option.tx = 0, "no", []
+        return
+    if not xdist:
+        return  # serial "include": everything, here
+    n = config.option.numprocesses or workers()
+    config.option.serial = "exclude"
+    config.option.numprocesses, config.option.dist, config.option.tx = n, "loadgroup", ["popen"] * n
+
+
 def matches(entry: str, nodeid: str) -> bool:
     """``entry`` (relative to tests/) names the test ``nodeid`` (as pytest spells it)."""
     test = nodeid.removeprefix("tests/")
@@ -119,6 +151,9 @@ def check_entries(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every entry must name a collected test when its file was collected whole."""
     if any("::" in arg for arg in config.args) or config.getoption("keyword") or config.getoption("markexpr"):
         return  # a selection narrower than whole files: entries may rightly match nothing
+    alone = [i.nodeid for i in items if _first_match(QUICK, i.nodeid) and _first_match(SERIAL, i.nodeid)]
+    if alone:
+        raise pytest.UsageError(f"tests/suite_plan.py: QUICK holds tests that must run alone: {alone}")
     files = {item.nodeid.split("::")[0].removeprefix("tests/") for item in items}
     for table in (SERIAL, GROUPS, FIRST, QUICK):
         for entry in table:
@@ -147,8 +182,10 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
     quick = config.getoption("quick")
     for item in items:
         is_serial = item.get_closest_marker("serial") is not None
-        wanted = (serial == "include" or (serial == "only") == is_serial) and (
-            not quick or _first_match(QUICK, item.nodeid) is not None
+        wanted = (
+            serial != "none"
+            and (serial == "include" or (serial == "only") == is_serial)
+            and (not quick or _first_match(QUICK, item.nodeid) is not None)
         )
         (keep if wanted else drop).append(item)
     if drop:

@@ -236,7 +236,9 @@ def _vm_run(command: str, out: Path, **env: str) -> tuple[int, float]:
         env={**os.environ, **env},
         capture_output=True,
         text=True,
-        timeout=300,
+        # a backstop behind vm-e2e's own bounds (boot tries, the command's bound from its start),
+        # which decide: 300 s ran out while a loaded machine's TCG guest was still booting
+        timeout=int(env.get("RDMA_CNI_VM_TIMEOUT", "900")) + 120,
     )
     return proc.returncode, time.monotonic() - t0
 
