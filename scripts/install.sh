@@ -47,6 +47,7 @@ bin_dir=/opt/cni/bin
 conf_dir=/etc/cni/net.d
 mode=""
 rdma_mode=""
+rdma_mode_given=0
 kubelet_root=/var/lib/kubelet
 host_root=""
 sa_kubeconfig=0
@@ -63,7 +64,7 @@ while [ $# -gt 0 ]; do
         --cni-bin-dir) bin_dir=$2; shift 2 ;;
         --conf-dir) conf_dir=$2; shift 2 ;;
         --mode) mode=$2; shift 2 ;;
-        --rdma-mode) rdma_mode=$2; shift 2 ;;
+        --rdma-mode) rdma_mode=$2; rdma_mode_given=1; shift 2 ;;
         --kubelet-root-dir) kubelet_root=$2; shift 2 ;;
         --host-root) host_root=$2; shift 2 ;;
         --kubeconfig-from-serviceaccount) sa_kubeconfig=1; shift ;;
@@ -92,8 +93,8 @@ case "$mode" in
     ""|vpc-cni|global-router) ;;
     *) die "--mode must be vpc-cni (tke-route-eni) or global-router (tke-bridge), got '$mode'" ;;
 esac
-case "$rdma_mode" in
-    ""|exclusive|shared) ;;
+case "$rdma_mode_given:$rdma_mode" in
+    0:|1:exclusive|1:shared) ;;
     *) die "--rdma-mode must be exclusive or shared, got '$rdma_mode'" ;;
 esac
 

@@ -400,8 +400,12 @@ def test_device_plugin_variants_are_valid_manifests_whose_config_loads(mark: str
     (tmp_path / "dev").mkdir()
     path = tmp_path / os.path.basename(args.config)
     path.write_text(text)
-    flags = {**flags_of(args), "sysfs_root": str(tmp_path / "sys"), "dev_root": str(tmp_path / "dev"),
-             "cni_conf": str(tmp_path / "absent.conf")}
+    flags = {
+        **flags_of(args),
+        "sysfs_root": str(tmp_path / "sys"),
+        "dev_root": str(tmp_path / "dev"),
+        "cni_conf": str(tmp_path / "absent.conf"),
+    }
     cfg = load_config(flags, str(path))
     assert [(s.resource_name, s.mode, s.count) for s in cfg.pool_specs()] == want
 
@@ -433,8 +437,13 @@ def _install_node(ds: dict[str, Any], tmp_path: Path, rdma_mode: str) -> Path:
     host = tmp_path / f"host-{rdma_mode}"
     swap = {"/opt/rdma-cni/bundle": str(bundle), "/host": str(host)}
     args = [swap.get(a, a) for a in _expand(init["args"], env) if a != "--kubeconfig-from-serviceaccount"]
-    proc = subprocess.run(["sh", str(REPO / "scripts/install.sh"), *args], capture_output=True, text=True,
-                          timeout=120, check=False)
+    proc = subprocess.run(
+        ["sh", str(REPO / "scripts/install.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     return host
 
@@ -489,8 +498,12 @@ def test_rdma_mode_switch_reaches_the_installer_and_the_device_plugin(
     args = parse_args(_expand(dp["args"], {e["name"]: e["value"] for e in dp["env"]}))
     (tmp_path / "sys").mkdir()
     (tmp_path / "dev").mkdir()
-    flags = {**flags_of(args), "sysfs_root": str(tmp_path / "sys"), "dev_root": str(tmp_path / "dev"),
-             "cni_conf": str(host / installed["cniConf"].lstrip("/"))}
+    flags = {
+        **flags_of(args),
+        "sysfs_root": str(tmp_path / "sys"),
+        "dev_root": str(tmp_path / "dev"),
+        "cni_conf": str(host / installed["cniConf"].lstrip("/")),
+    }
     cfg = load_config(flags, installed["_path"])
     count = 1000 if rdma_mode == "shared" else None
     specs = [(s.resource_name, s.mode, s.count if s.mode == "shared" else None) for s in cfg.pool_specs()]
