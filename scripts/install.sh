@@ -1,11 +1,12 @@
 #!/bin/sh
 # Install (or remove) rdma-cni on a node: the bundle built by scripts/build, its three command names
 # in the CNI bin dir, the tke-rdma-macvlan delegate config and the meta-plugin config of the cluster's
-# network mode. Needs only a POSIX shell and coreutils: no Python on the node.
+# network mode, and with --rdma-mode the device plugin's config. Needs only a POSIX shell and coreutils: no Python on the node.
 #
 # usage: install.sh [--bundle DIR] [--cni-bin-dir DIR] [--conf-dir DIR]
 #                   [--mode vpc-cni|global-router] [--kubelet-root-dir DIR] [--host-root DIR]
-#                   [--kubeconfig-from-serviceaccount] [--uninstall [--force]]
+#                   [--rdma-mode exclusive|shared] [--kubeconfig-from-serviceaccount]
+#                   [--uninstall [--force]]
 #
 #   --bundle DIR        the built bundle (default: this script's dir when it holds one, else
 #                       ../dist/rdma-cni next to it)
@@ -17,6 +18,12 @@
 #   --kubelet-root-dir  kubelet's --root-dir, written into the meta config (PodResources socket under it;
 #                       the device checkpoint stays in /var/lib/kubelet/device-plugins, as in kubelet);
 #                       default /var/lib/kubelet
+#   --rdma-mode MODE    writes /etc/rdma-cni/device-plugin.yaml, which the DaemonSet's device plugin
+#                       reads: exclusive (one device per bond, pods get bonds from rdma-macvlan) or
+#                       shared (TKE's shared RDMA NIC: one pool of 1000 virtual devices, every pod gets
+#                       every bond and its own address from rdma-ipvlan; also installs the
+#                       tke-rdma-ipvlan delegate config). Switching a node's mode refuses while pods
+#                       hold bonds or addresses, unless --force. Without it: no device plugin config.
 #   --host-root DIR     the node's / as seen from here (a DaemonSet mounts it at /host); every other
 #                       path is a node path, and configs refer to node paths
 #   --kubeconfig-from-serviceaccount
@@ -39,6 +46,8 @@ bundle=""
 bin_dir=/opt/cni/bin
 conf_dir=/etc/cni/net.d
 mode=""
+rdma_mode=""
+rdma_mode_given=0
 kubelet_root=/var/lib/kubelet
 host_root=""
 sa_kubeconfig=0
@@ -46,6 +55,8 @@ uninstall=0
 force=0
 names="rdma-macvlan rdma-ipvlan rdma-multus cni-tool rdma-agent"
 state_dir=/var/lib/cni/rdma-macvlan
+shared_state_dir=/var/lib/cni/rdma-ipvlan  # tke-rdma-ipvlan's dataDir: the pods' addresses
+dp_conf=/etc/rdma-cni/device-plugin.yaml   # node path: the DaemonSet's device plugin reads it
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -53,12 +64,13 @@ while [ $# -gt 0 ]; do
         --cni-bin-dir) bin_dir=$2; shift 2 ;;
         --conf-dir) conf_dir=$2; shift 2 ;;
         --mode) mode=$2; shift 2 ;;
+        --rdma-mode) rdma_mode=$2; rdma_mode_given=1; shift 2 ;;
         --kubelet-root-dir) kubelet_root=$2; shift 2 ;;
         --host-root) host_root=$2; shift 2 ;;
         --kubeconfig-from-serviceaccount) sa_kubeconfig=1; shift ;;
         --uninstall) uninstall=1; shift ;;
         --force) force=1; shift ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -81,12 +93,18 @@ case "$mode" in
     ""|vpc-cni|global-router) ;;
     *) die "--mode must be vpc-cni (tke-route-eni) or global-router (tke-bridge), got '$mode'" ;;
 esac
+case "$rdma_mode_given:$rdma_mode" in
+    0:|1:exclusive|1:shared) ;;
+    *) die "--rdma-mode must be exclusive or shared, got '$rdma_mode'" ;;
+esac
 
 BIN="$host_root$bin_dir"
 CONF="$host_root$conf_dir"
 LIB="$BIN/rdma-cni.d"
 DELEGATE_DIR="$CONF/rdma-multus.d"
 META="$CONF/00-rdma-multus.conflist"
+SHARED_DELEGATE="$DELEGATE_DIR/tke-rdma-ipvlan.conf"
+DP_CONF="$host_root$dp_conf"
 
 # rename(2) over the target: readers see the old file or the new one.
 replace() { # replace SRC_TMP DEST
@@ -117,8 +135,8 @@ link() { # link TARGET NAME: NAME becomes a symlink to TARGET, atomically
     say "linked $2 -> $1"
 }
 
-pinned_attachments() {
-    d="$host_root$state_dir"
+pinned_attachments() { # pinned_attachments [STATE_DIR]: some pod's record is there
+    d="$host_root${1:-$state_dir}"
     [ -d "$d" ] || return 1
     [ -n "$(find "$d" -name '*.json' -type f 2>/dev/null | head -n 1)" ]
 }
@@ -127,11 +145,15 @@ do_uninstall() {
     if [ "$force" = 0 ] && pinned_attachments; then
         die "pods still hold bonds (state in $host_root$state_dir): their DEL needs rdma-macvlan to give the IPs back; delete those pods first, or pass --force"
     fi
+    if [ "$force" = 0 ] && pinned_attachments "$shared_state_dir"; then
+        die "pods still hold addresses (state in $host_root$shared_state_dir): their DEL needs rdma-ipvlan to free them; delete those pods first, or pass --force"
+    fi
     # Meta config first, so the runtime stops choosing a network whose plugins are going away.
-    for f in "$META" "$DELEGATE_DIR/tke-rdma-macvlan.conf" "$DELEGATE_DIR/rdma-multus.kubeconfig"; do
+    for f in "$META" "$SHARED_DELEGATE" "$DELEGATE_DIR/tke-rdma-macvlan.conf" \
+        "$DELEGATE_DIR/rdma-multus.kubeconfig" "$DP_CONF"; do
         if [ -e "$f" ]; then rm -f "$f"; say "removed $f"; fi
     done
-    rmdir "$DELEGATE_DIR" 2>/dev/null || true
+    rmdir "$DELEGATE_DIR" "$(dirname "$DP_CONF")" 2>/dev/null || true
     for n in $names; do
         # Only our own links: never remove someone else's plugin of the same name.
         if [ -L "$BIN/$n" ] && case "$(readlink "$BIN/$n")" in rdma-cni.d/*) true ;; *) false ;; esac; then
@@ -218,12 +240,64 @@ current-context: rdma-multus
 EOF
 }
 
+# The node's RDMA mode as installed: the device plugin config's `mode:` line; none without one.
+installed_rdma_mode() {
+    [ -f "$DP_CONF" ] || return 0
+    sed -n 's/^mode: *\([a-z]*\).*/\1/p' "$DP_CONF" | head -n 1
+}
+
+# A mode switch moves every pod's devices to another pool (and shared pods' addresses to a plugin
+# whose delegate config goes away): refuse it while any pod holds a bond or an address.
+check_rdma_mode_switch() {
+    [ -n "$rdma_mode" ] || return 0
+    was=$(installed_rdma_mode)
+    [ -n "$was" ] && [ "$was" != "$rdma_mode" ] || return 0
+    [ "$force" = 1 ] && { say "switching the RDMA mode from $was to $rdma_mode (--force)"; return 0; }
+    for d in "$state_dir" "$shared_state_dir"; do
+        pinned_attachments "$d" &&
+            die "--rdma-mode $rdma_mode: this node runs $was mode and pods still hold bonds or addresses (state in $host_root$d); delete those pods first, or pass --force"
+    done
+    say "switching the RDMA mode from $was to $rdma_mode"
+}
+
+# The device plugin's pools and the delegate config it follows (masters, dataDir, runDir).
+write_device_plugin_conf() {
+    mkdir -p "$(dirname "$DP_CONF")"
+    if [ "$rdma_mode" = shared ]; then
+        write_file "$DP_CONF" 644 <<EOF
+# Written by install.sh --rdma-mode shared: one pool of 1000 virtual devices, every pod gets every bond.
+mode: shared
+sharedCount: 1000
+cniConf: $conf_dir/rdma-multus.d/tke-rdma-ipvlan.conf
+EOF
+    else
+        write_file "$DP_CONF" 644 <<EOF
+# Written by install.sh --rdma-mode exclusive: one device per bond, handed to one pod at a time.
+mode: exclusive
+cniConf: $conf_dir/rdma-multus.d/tke-rdma-macvlan.conf
+EOF
+    fi
+}
+
 install_configs() {
     src="$bundle/conf"
     [ -d "$src" ] || die "no conf/ in bundle $bundle"
+    if [ "$rdma_mode" = shared ]; then
+        [ -f "$src/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf" ] ||
+            die "--rdma-mode shared: no conf/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf in bundle $bundle"
+    fi
     mkdir -p "$DELEGATE_DIR"
-    # Delegate first, meta config last: the runtime never picks a network whose parts are missing.
+    # Delegates first, meta config last: the runtime never picks a network whose parts are missing.
+    # The device plugin config after the delegate it names, before the old mode's delegate goes.
     write_file "$DELEGATE_DIR/tke-rdma-macvlan.conf" 644 < "$src/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf"
+    if [ "$rdma_mode" = shared ]; then
+        write_file "$SHARED_DELEGATE" 644 < "$src/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf"
+    fi
+    [ -z "$rdma_mode" ] || write_device_plugin_conf
+    if [ "$rdma_mode" = exclusive ] && [ -e "$SHARED_DELEGATE" ]; then
+        rm -f "$SHARED_DELEGATE"
+        say "removed $SHARED_DELEGATE (exclusive mode)"
+    fi
     if [ "$sa_kubeconfig" = 1 ]; then write_kubeconfig; fi
     if [ -n "$mode" ]; then
         render_meta "$src/$mode/00-rdma-multus.conflist" | write_file "$META" 644
@@ -240,7 +314,8 @@ if [ "$uninstall" = 1 ]; then
     exit 0
 fi
 find_bundle
+check_rdma_mode_switch
 mkdir -p "$BIN" "$CONF"
 install_bundle
 install_configs
-say "installed $(cat "$bundle/BUILD_ID") into $bin_dir${mode:+ (mode $mode)}"
+say "installed $(cat "$bundle/BUILD_ID") into $bin_dir${mode:+ (mode $mode)}${rdma_mode:+ (RDMA mode $rdma_mode)}"

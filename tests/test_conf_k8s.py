@@ -10,6 +10,8 @@ import copy
 import json
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -313,7 +315,7 @@ def _expand(args: list[str], env: dict[str, str]) -> list[str]:
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
 
 
-def test_device_plugin_runs_in_its_own_container_with_directory_mounts() -> None:
+def test_device_plugin_runs_in_its_own_container_with_directory_mounts(tmp_path: Path) -> None:
     from rdma_cni.cli.device_plugin import flags_of, parse_args
     from rdma_cni.deviceplugin.config import PluginConfig
     from rdma_cni.deviceplugin.status import status_path
@@ -344,8 +346,12 @@ def test_device_plugin_runs_in_its_own_container_with_directory_mounts() -> None
     assert _under(cfg.device_plugin_dir + "/x.sock", mounts, writable=True) == cfg.device_plugin_dir
     # What it reads and writes (defaults of the shipped rdma-macvlan config: dataDir, runDir).
     conf = json.loads((REPO / "conf/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf").read_text())
-    assert flags["cni_conf"] == "/etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf"
-    assert _under(flags["cni_conf"], mounts) == "/etc/cni/net.d"
+    # The delegate config it follows comes from the config file the install container writes
+    # (RDMA_MODE exclusive: tke-rdma-macvlan's), not from a flag that would win over that file.
+    assert "cni_conf" not in flags
+    installed = _node_device_plugin_config(ds, _install_node(ds, tmp_path, "exclusive"))
+    assert installed["cniConf"] == "/etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf"
+    assert _under(installed["cniConf"], mounts) == "/etc/cni/net.d"
     run_dir = conf.get("runDir", cfg.run_dir)
     assert _under(status_path(run_dir), mounts, writable=True) == "/run/rdma-cni"
     assert _under(conf.get("dataDir", cfg.data_dir) + "/attachments", mounts) is not None
@@ -366,7 +372,7 @@ def _variant(mark: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d is not None]
 
 
-@pytest.mark.parametrize("mark", ["shared", "mellanox"])
+@pytest.mark.parametrize("mark", ["mellanox"])
 def test_device_plugin_variants_are_valid_manifests_whose_config_loads(mark: str, tmp_path: Path) -> None:
     import sys
 
@@ -387,23 +393,124 @@ def test_device_plugin_variants_are_valid_manifests_whose_config_loads(mark: str
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     directory = os.path.dirname(args.config)
     config_map = volumes[mounts[directory]]["configMap"]["name"]
-    if mark == "shared":
-        assert args.cni_conf.endswith("/tke-rdma-ipvlan.conf")
-        cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == config_map)
-        text = cm["data"][os.path.basename(args.config)]
-        want = [("tke.cloud.tencent.com/tke-shared-rdma", "shared", 1000)]
-    else:
-        assert (config_map, args.config) == ("rdma-devices", seed002.MOUNT_PATH)  # the seed's ConfigMap
-        text = seed002.config_text()
-        want = [("rdma/hca_shared_devices_a", "shared", 200)]
+    assert (config_map, args.config) == ("rdma-devices", seed002.MOUNT_PATH)  # the seed's ConfigMap
+    text = seed002.config_text()
+    want = [("rdma/hca_shared_devices_a", "shared", 200)]
     (tmp_path / "sys").mkdir()
     (tmp_path / "dev").mkdir()
     path = tmp_path / os.path.basename(args.config)
     path.write_text(text)
-    flags = {**flags_of(args), "sysfs_root": str(tmp_path / "sys"), "dev_root": str(tmp_path / "dev"),
-             "cni_conf": str(tmp_path / "absent.conf")}
+    flags = {
+        **flags_of(args),
+        "sysfs_root": str(tmp_path / "sys"),
+        "dev_root": str(tmp_path / "dev"),
+        "cni_conf": str(tmp_path / "absent.conf"),
+    }
     cfg = load_config(flags, str(path))
     assert [(s.resource_name, s.mode, s.count) for s in cfg.pool_specs()] == want
+
+
+# ---- the RDMA mode switch: env RDMA_MODE -> install.sh --rdma-mode -> the device plugin's config -------
+
+
+def _with_rdma_mode(value: str) -> list[dict[str, Any]]:
+    """rdma-cni.yaml with RDMA_MODE set to ``value`` everywhere it is set: the one edit a user makes."""
+    text = (K8S / "rdma-cni.yaml").read_text()
+    text, n = re.subn(r"(- name: RDMA_MODE\n\s+value: )exclusive\b", rf"\g<1>{value}", text)
+    assert n == 2, "RDMA_MODE is set in the install and the refresh container"
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def _install_node(ds: dict[str, Any], tmp_path: Path, rdma_mode: str) -> Path:
+    """The install container's command (its args, $(VAR) expanded from its env) run with the source
+    tree's scripts/install.sh into a temp host root. The bundle is a stand-in with the repo's conf/:
+    tests/test_install.py runs the built one; this file checks what the manifest makes of it."""
+    init = ds["spec"]["template"]["spec"]["initContainers"][0]
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert env["RDMA_MODE"] == rdma_mode
+    bundle = tmp_path / f"bundle-{rdma_mode}"
+    bundle.mkdir()
+    (bundle / "rdma-cni").write_text("#!/bin/sh\nexit 1\n")
+    (bundle / "rdma-cni").chmod(0o755)
+    (bundle / "BUILD_ID").write_text("0.0.0-manifest-test\n")
+    shutil.copytree(REPO / "conf", bundle / "conf")
+    host = tmp_path / f"host-{rdma_mode}"
+    swap = {"/opt/rdma-cni/bundle": str(bundle), "/host": str(host)}
+    args = [swap.get(a, a) for a in _expand(init["args"], env) if a != "--kubeconfig-from-serviceaccount"]
+    proc = subprocess.run(
+        ["sh", str(REPO / "scripts/install.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return host
+
+
+def _node_device_plugin_config(ds: dict[str, Any], host: Path) -> dict[str, Any]:
+    """The file the device plugin's --config names, read on the node through its mount."""
+    from rdma_cni.cli.device_plugin import parse_args
+
+    dp = _container(ds, "rdma-device-plugin")
+    args = parse_args(_expand(dp["args"], {e["name"]: e["value"] for e in dp["env"]}))
+    mounts = _host_mounts(ds, dp)
+    mount = _under(args.config, mounts)
+    assert mount is not None, f"{args.config} is not mounted in the device plugin's container"
+    node_path = mounts[mount]["hostPath"] + args.config[len(mount) :]
+    # The install container writes it where the node's hostPath shows it (through its /host mount).
+    init = ds["spec"]["template"]["spec"]["initContainers"][0]
+    assert _under("/host" + node_path, _host_mounts(ds, init), writable=True) is not None
+    loaded: dict[str, Any] = yaml.safe_load((host / node_path.lstrip("/")).read_text())
+    loaded["_path"] = str(host / node_path.lstrip("/"))
+    return loaded
+
+
+@pytest.mark.parametrize(
+    ("rdma_mode", "delegate", "want"),
+    [
+        ("exclusive", "tke-rdma-macvlan", ("exclusive", "/var/lib/cni/rdma-macvlan")),
+        ("shared", "tke-rdma-ipvlan", ("shared", "/var/lib/cni/rdma-ipvlan")),
+    ],
+)
+def test_rdma_mode_switch_reaches_the_installer_and_the_device_plugin(
+    rdma_mode: str, delegate: str, want: tuple[str, str], tmp_path: Path
+) -> None:
+    from rdma_cni.cli.device_plugin import flags_of, parse_args
+    from rdma_cni.deviceplugin.config import load_config
+
+    docs = _with_rdma_mode(rdma_mode)
+    for doc in docs:
+        assert schema_problems(doc) == [], doc.get("kind")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {RDMA_LABEL: "true"}  # TKE's label kept
+    refresh = _container(ds, "refresh")
+    assert {e["name"]: e["value"] for e in refresh["env"]}["RDMA_MODE"] == rdma_mode
+    assert '--rdma-mode "$RDMA_MODE"' in refresh["args"][0]
+    host = _install_node(ds, tmp_path, rdma_mode)
+    installed = _node_device_plugin_config(ds, host)
+    assert installed["cniConf"] == f"/etc/cni/net.d/rdma-multus.d/{delegate}.conf"
+    assert (host / installed["cniConf"].lstrip("/")).is_file()
+    shared_delegate = host / "etc/cni/net.d/rdma-multus.d/tke-rdma-ipvlan.conf"
+    assert shared_delegate.is_file() == (rdma_mode == "shared")
+    # What the device plugin's process would run with: its args, that file, the installed delegate.
+    dp = _container(ds, "rdma-device-plugin")
+    args = parse_args(_expand(dp["args"], {e["name"]: e["value"] for e in dp["env"]}))
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "dev").mkdir()
+    flags = {
+        **flags_of(args),
+        "sysfs_root": str(tmp_path / "sys"),
+        "dev_root": str(tmp_path / "dev"),
+        "cni_conf": str(host / installed["cniConf"].lstrip("/")),
+    }
+    cfg = load_config(flags, installed["_path"])
+    count = 1000 if rdma_mode == "shared" else None
+    specs = [(s.resource_name, s.mode, s.count if s.mode == "shared" else None) for s in cfg.pool_specs()]
+    assert specs == [(RDMA_RESOURCE, want[0], count)]
+    # It follows the delegate's dataDir (who holds what), which its container mounts at that path.
+    assert cfg.data_dir == want[1]
+    assert _under(cfg.data_dir + "/attachments", _host_mounts(ds, dp)) is not None
 
 
 def test_shared_mode_example_reads_its_gid_index_from_the_network_status_annotation() -> None:
