@@ -25,7 +25,6 @@ run also removes what a killed run left (its pid is gone).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import select
@@ -649,48 +648,16 @@ def scenario(d: Demo) -> None:
             step_delete(d, env, before, host_index)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bonds", type=int, default=4, help="bond NICs on the node (default 4)")
-    parser.add_argument(
-        "--mode",
-        action="append",
-        choices=[*sorted(MODES), *RDMA_MODES],
-        default=[],
-        help="the cluster network mode (vpc-cni, the default, or global-router) and/or the RDMA mode "
-        "(exclusive, the default: rdma-macvlan; shared: rdma-ipvlan and a shared pool); twice for both",
-    )
-    parser.add_argument("--pod-bonds", type=int, default=2, help="RDMA NICs the pod asks for (default 2)")
-    parser.add_argument(
-        "--bundle",
-        default="",
-        help="use the PyInstaller bundle in DIR (scripts/build), "
-        "installed with scripts/install.sh, instead of the Python entry points",
-    )
-    args = parser.parse_args(argv)
-    network, rdma_mode = _modes(parser, args.mode)
-    if rdma_mode == "shared":
-        args.pod_bonds = args.bonds  # every pod gets a child of every bond
-    if os.geteuid() != 0:
-        sys.stderr.write("demo: needs root (it creates network namespaces)\n")
-        return 2
-    if not 1 <= args.pod_bonds <= args.bonds <= 8:
-        sys.stderr.write("demo: need 1 <= --pod-bonds <= --bonds <= 8\n")
-        return 2
-    sweep_leftovers()
-    bundle = os.path.abspath(args.bundle) if args.bundle else ""
-    if rdma_mode == "shared":
-        from rdma_cni.cli import demo_shared
-
-        return demo_shared.run_demo(args.bonds, bundle, network)
-    demo = Demo(args.bonds, args.pod_bonds, bundle, network)
-    signal.signal(signal.SIGTERM, _interrupted)
+def run_demo(bonds: int, pod_bonds: int, bundle: str, network: str) -> int:
+    """The exclusive-mode demo end to end; the exit code (0 OK, 1 failed, 130 interrupted)."""
+    demo = Demo(bonds, pod_bonds, bundle, network)
+    signal.signal(signal.SIGTERM, interrupted)
     started = time.monotonic()
     try:
         scenario(demo)
     except DemoFailed as exc:
         say(f"\ndemo FAILED: {exc}")
-        _show_logs(demo)
+        show_logs(demo)
         return 1
     except KeyboardInterrupt:
         say("\ndemo interrupted")
@@ -702,27 +669,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _modes(parser: argparse.ArgumentParser, given: list[str]) -> tuple[str, str]:
-    """(cluster network mode, RDMA mode) of the ``--mode`` values: one of each at most."""
-    networks = {m for m in given if m in MODES}
-    rdma = {m for m in given if m in RDMA_MODES}
-    if len(networks) > 1 or len(rdma) > 1:
-        parser.error(f"--mode {' --mode '.join(given)}: one cluster network mode and one RDMA mode at most")
-    return next(iter(networks), "vpc-cni"), next(iter(rdma), "exclusive")
-
-
-def _interrupted(signum: int, frame: object) -> None:
+def interrupted(signum: int, frame: object) -> None:
     """SIGTERM cleans up like Ctrl-C does."""
     raise KeyboardInterrupt
 
 
-def _show_logs(demo: Demo) -> None:
+def show_logs(demo: Demo) -> None:
     for log in sorted((demo.tmp / "log").glob("*.log")):
         lines = log.read_text(errors="replace").splitlines()[-15:]
         say(f"--- last lines of {log.name}:")
         for line in lines:
             say(line)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -403,13 +403,13 @@ def scenario(d: SharedDemo) -> None:
 def run_demo(bonds: int, bundle: str, mode: str) -> int:
     """The shared-mode demo with the exclusive demo's exit codes: 0, 1 failed, 130 interrupted."""
     d = SharedDemo(bonds, bundle, mode)
-    signal.signal(signal.SIGTERM, demo._interrupted)
+    signal.signal(signal.SIGTERM, demo.interrupted)
     started = time.monotonic()
     try:
         scenario(d)
     except DemoFailed as exc:
         say(f"\ndemo FAILED: {exc}")
-        demo._show_logs(d)
+        demo.show_logs(d)
         return 1
     except KeyboardInterrupt:
         say("\ndemo interrupted")
