@@ -122,7 +122,13 @@ def configure_pass(config: pytest.Config, which: str) -> None:
     """Set up scripts/test's pass ``which`` (``parallel`` or ``alone``; anything else: pytest as
     invoked). Without pytest-xdist the parallel pass runs every test in this process and the other
     pass none. ``-n`` given by hand sets the parallel pass's workers."""
-    if which not in ("parallel", "alone") or hasattr(config, "workerinput"):
+    if which not in ("parallel", "alone"):
+        return
+    if hasattr(config, "workerinput"):
+        # A worker takes --dist from its own command line, which scripts/test leaves as the user gave
+        # it: without this it never tags the GROUPS tests, and the controller's loadgroup then spreads
+        # them like load (four VM scenarios at once were seen, and two demos sweeping each other).
+        config.option.loadgroup = which == "parallel"
         return
     xdist = config.pluginmanager.hasplugin("xdist") and workers() > 1
     if which == "alone":
