@@ -129,6 +129,10 @@ def configure_pass(config: pytest.Config, which: str) -> None:
         # it: without this it never tags the GROUPS tests, and the controller's loadgroup then spreads
         # them like load (four VM scenarios at once were seen, and two demos sweeping each other).
         config.option.loadgroup = which == "parallel"
+        # ... and --serial likewise: the worker's collection is what runs, so it must leave out what
+        # the alone pass runs (a doctor /metrics fetch timed out on a loaded worker)
+        if which == "parallel":
+            config.option.serial = "exclude"
         return
     xdist = config.pluginmanager.hasplugin("xdist") and workers() > 1
     if which == "alone":

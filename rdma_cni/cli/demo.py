@@ -344,6 +344,25 @@ class Demo:
         self.pod_resources.set_allocatable(RESOURCE, numa)
         self.pod_resources.set_pod(POD["namespace"], POD["name"], {"main": {RESOURCE: picks}})
 
+    def write_device_checkpoint(self, pod_uid: str) -> list[str]:
+        """What kubelet's device checkpoint records after the device plugin gave the pod its RDMA NICs:
+        rdma-multus's fallback when no PodResources API answers (the real-client suites, containerd
+        and upstream cnitool, run the demo's node without the demo's kubelet)."""
+        devices = [f"mlx5_bond_{i}" for i in self.picked]
+        entry = {
+            "PodUID": pod_uid,
+            "ContainerName": "main",
+            "ResourceName": RESOURCE,
+            "DeviceIDs": {"0": devices},
+            "AllocResp": "",
+        }
+        path = self.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"Data": {"PodDeviceEntries": [entry], "RegisteredDevices": {}}, "Checksum": 0})
+        )
+        return devices
+
     # ---- running the tools -----------------------------------------------------------------------
     def tool_env(self, pod_uid: str) -> dict[str, str]:
         env = {
