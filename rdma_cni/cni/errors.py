@@ -6,6 +6,11 @@ place that turns it into the error JSON the spec wants on stdout.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 # Codes from the CNI spec (SPEC.md, "Error" section).
 INCOMPATIBLE_VERSION = 1
 UNSUPPORTED_FIELD = 2
@@ -56,3 +61,27 @@ class ConfigKeyError(CniError):
     def __init__(self, key: str, msg: str) -> None:
         super().__init__(INVALID_CONFIG, msg)
         self.key = key
+
+
+def validate_dropping_bad_keys(
+    raw: dict[str, Any], validate: Callable[[dict[str, Any]], T], essential: frozenset[str]
+) -> tuple[T, list[str]]:
+    """``validate(raw)`` with every key (or ``key.sub``) it refuses left out, one at a time, until it
+    passes: DEL and GC must undo what ADD did whatever is wrong with the config now. A refused key in
+    ``essential``, or one not in the config itself, is still the error. Returns the config and the
+    problems dropped (for the log)."""
+    conf = dict(raw)
+    dropped: list[str] = []
+    while True:
+        try:
+            return validate(conf), dropped
+        except ConfigKeyError as exc:
+            top, _, sub = exc.key.partition(".")
+            if top in essential or top not in conf:
+                raise
+            inner = conf[top]
+            if sub and isinstance(inner, dict) and sub in inner:
+                conf[top] = {k: v for k, v in inner.items() if k != sub}
+            else:
+                del conf[top]
+            dropped.append(exc.msg)

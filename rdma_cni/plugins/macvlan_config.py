@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import ConfigKeyError as ConfigKeyError  # moved there: shared by the plugins
+from rdma_cni.cni.errors import validate_dropping_bad_keys
 from rdma_cni.cni.invoke import is_plain_name
 
 if TYPE_CHECKING:
@@ -62,21 +63,7 @@ def parse_del_config(raw: dict[str, Any]) -> tuple[MacvlanConfig, list[str]]:
     (edited after ADD, or the config of an ADD that was refused): a key that does not validate is
     left at its default and its problem returned for the log. Only a bad ``dataDir`` is error 7.
     An IPAM ``type`` that can never run is kept here; the IPAM release logs and skips it."""
-    conf = dict(raw)
-    dropped: list[str] = []
-    while True:
-        try:
-            return _validate(conf), dropped
-        except ConfigKeyError as exc:
-            top, _, sub = exc.key.partition(".")
-            if top in DEL_ESSENTIAL or top not in conf:
-                raise
-            inner = conf[top]
-            if sub and isinstance(inner, dict) and sub in inner:
-                conf[top] = {k: v for k, v in inner.items() if k != sub}
-            else:
-                del conf[top]
-            dropped.append(exc.msg)
+    return validate_dropping_bad_keys(raw, _validate, DEL_ESSENTIAL)
 
 
 def _validate(raw: dict[str, Any]) -> MacvlanConfig:

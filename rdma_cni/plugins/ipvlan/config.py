@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rdma_cni.cni.errors import ConfigKeyError
+from rdma_cni.cni.errors import ConfigKeyError, validate_dropping_bad_keys
 from rdma_cni.plugins.ipvlan.pool import Span, Subnet, outside, parse_span
 
 if TYPE_CHECKING:
@@ -58,21 +58,7 @@ def parse_del_config(raw: dict[str, Any]) -> tuple[IpvlanConfig, list[str]]:
     """The config for DEL/GC, which undo what the records say whatever is wrong with the config
     now: a key that does not validate is left at its default (its problem returned for the log);
     only a bad ``dataDir`` (where the records are) is error 7."""
-    conf = dict(raw)
-    dropped: list[str] = []
-    while True:
-        try:
-            return _validate(conf), dropped
-        except ConfigKeyError as exc:
-            top, _, sub = exc.key.partition(".")
-            if top in DEL_ESSENTIAL or top not in conf:
-                raise
-            inner = conf[top]
-            if sub and isinstance(inner, dict) and sub in inner:
-                conf[top] = {k: v for k, v in inner.items() if k != sub}
-            else:
-                del conf[top]
-            dropped.append(exc.msg)
+    return validate_dropping_bad_keys(raw, _validate, DEL_ESSENTIAL)
 
 
 def _validate(raw: dict[str, Any]) -> IpvlanConfig:
