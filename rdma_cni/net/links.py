@@ -20,6 +20,7 @@ import errno
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
+from rdma_cni.cni.errors import INVALID_CONFIG, CniError
 from rdma_cni.net.nlsock import (
     IFF_LOOPBACK,
     IFF_UP,
@@ -77,6 +78,20 @@ def get_link(ipr: RtnlSocket, name: str = "", index: int = 0) -> Link | None:
     info = ipr.link_get(name=name, index=index)
     return _link(info) if info is not None else None
 
+
+
+def master_link(ipr: RtnlSocket, name: str) -> Link:
+    """The bond a config's ``masters`` names, as the parent of pod links: one that does not exist or
+    cannot carry a child is error 7 naming it (a config problem, never "try again later")."""
+    link = get_link(ipr, name)
+    why = "it does not exist on this node" if link is None else link.macvlan_parent_problem()
+    if why or link is None:
+        raise CniError(
+            INVALID_CONFIG,
+            f"config key 'masters' names {name!r}, but {why}: list the node's bond netdevs "
+            "(`ip link`), or leave 'masters' out to use every netdev that backs an RDMA device",
+        )
+    return link
 
 def all_links(ipr: RtnlSocket) -> list[Link]:
     return [_link(m) for m in ipr.link_dump()]

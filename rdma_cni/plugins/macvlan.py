@@ -550,16 +550,7 @@ def _configured_masters(host: Any, masters: list[str]) -> dict[str, links.Link]:
     macvlan is a config error (7, naming it), never "no free bond, try again" (11)."""
     found = {}
     for name in dict.fromkeys(masters):
-        link = links.get_link(host, name)
-        why = "it does not exist on this node" if link is None else link.macvlan_parent_problem()
-        if why:
-            raise CniError(
-                INVALID_CONFIG,
-                f"config key 'masters' names {name!r}, but {why}: list the node's bond netdevs "
-                "(`ip link`), or leave 'masters' out to use every netdev that backs an RDMA device",
-            )
-        assert link is not None
-        found[name] = link
+        found[name] = links.master_link(host, name)
     return found
 
 

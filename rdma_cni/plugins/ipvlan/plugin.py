@@ -134,15 +134,7 @@ class IpvlanPlugin:
         is never touched by this plugin); a bad one is error 7 naming it, nothing changed."""
         views = []
         for name in _masters(cfg, ports):
-            link = links.get_link(host, name)
-            why = "it does not exist on this node" if link is None else link.macvlan_parent_problem()
-            if why:
-                raise CniError(
-                    INVALID_CONFIG,
-                    f"config key 'masters' names {name!r}, but {why}: list the node's bond netdevs "
-                    "(`ip link`), or leave 'masters' out to use every netdev that backs an RDMA device",
-                )
-            assert link is not None
+            link = links.master_link(host, name)
             mtu = cfg.mtu or link.mtu
             if mtu > link.mtu:
                 raise CniError(
