@@ -61,3 +61,26 @@ def node_ns(request: pytest.FixtureRequest) -> Iterator[Node]:
         pytest.skip(reason)
     with node(getattr(request, "param", "in-process")) as n:
         yield n
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """``RDMA_CNI_TEST_CPU=FILE``: one JSON line per test with the CPU seconds it cost (this process
+    and every child it reaped: plugins, daemons, qemu), to find what fills the 2 CPUs of a run."""
+    path = os.environ.get("RDMA_CNI_TEST_CPU")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    c0, t0 = cpu(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "cpu": round(cpu() - c0, 2), "wall": round(time.monotonic() - t0, 2)}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")

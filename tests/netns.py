@@ -228,9 +228,25 @@ class Node:
         }
         if self.mode == "agent":
             env["RDMA_CNI_AGENT_SOCKET"] = self.agent_socket
-            env["RDMA_CNI_FALLBACK"] = "/bin/false"  # a call the agent did not answer fails the test
+            env["RDMA_CNI_FALLBACK"] = self.refused()  # a call the agent did not answer fails the test
+            # READY within the client's production bound (3 s, else the plugin runs in-process) is
+            # test_agent_timeout's; here every call must reach a worker, also on a CPU other workers
+            # keep busy, where an agent forking its refill after a burst took longer than that.
+            env["RDMA_CNI_AGENT_TIMEOUT"] = "60"
         env.update(extra or {})
         return env
+
+    def refused(self) -> str:
+        """The fallback of agent mode: exit 1 with an error that says the agent did not answer, so a
+        test that fails on it names the cause instead of showing an empty answer."""
+        path = os.path.join(self.tmp, "agent-did-not-answer")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write("#!/bin/sh\n"
+                        "echo '{\"code\": 999, \"msg\": \"the agent did not answer: the fallback ran\"}'\n"
+                        "exit 1\n")
+            os.chmod(path, 0o755)
+        return path
 
     def argv(self) -> list[str]:
         if self.mode == "agent":

@@ -12,9 +12,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 from ipvlan_support import Shared
 from netns import Node, Pod
 
+from rdma_cni.cli.tool_gids import gids
 from rdma_cni.rdma import sysfs
 from rdma_cni.sim.node import daemon, wait_watched
 
@@ -57,6 +59,28 @@ def record(s: Shared, cid: str, ifname: str) -> dict[str, object]:
     return data
 
 
+def pod_gid_rows(root: str, pod: Pod) -> dict[tuple[str, str], int]:
+    """What a user in the pod reads for NCCL_IB_GID_INDEX: ``cni-tool gids --netns`` (RoCE v2 rows
+    of this pod's own addresses only: the shared table also lists the host's and the other pods')."""
+    out = CliRunner().invoke(gids, ["--sysfs-root", root, "--netns", pod.path, "--json"])
+    assert out.exit_code == 0, out.output
+    mine = set(pod_ipv4(pod))
+    return {
+        (r["device"], r["ipv4"]): r["index"]
+        for r in json.loads(out.output)
+        if r["type"] == sysfs.ROCE_V2 and r["ipv4"] in mine
+    }
+
+
+def pod_ipv4(pod: Pod) -> list[str]:
+    links = json.loads(
+        subprocess.run(
+            ["ip", "-n", pod.name, "-j", "-4", "addr"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    return [a["local"] for link in links for a in link.get("addr_info", [])]
+
+
 def test_each_pod_address_gets_its_own_gid_recorded_as_shared_and_the_host_keeps_its_index(
     rdma_node: tuple[Shared, str],
 ) -> None:
@@ -80,6 +104,10 @@ def test_each_pod_address_gets_its_own_gid_recorded_as_shared_and_the_host_keeps
             assert rec["mode"] == "shared" and rec["ipv4"] == ip and rec["device"] == f"mlx5_bond_{b}"
             assert rec["gidIndex"] == sysfs.roce_v2_index(root, f"mlx5_bond_{b}", 1, ip)
             seen[b].add(int(rec["gidIndex"]))  # type: ignore[call-overload]
+        assert pod_gid_rows(root, pod) == {
+            (f"mlx5_bond_{b}", f"198.51.100.{16 * b + 3 + i}"): record(s, f"c{i}", f"bond{b}")["gidIndex"]
+            for b in range(2)
+        }
     for b in range(2):
         assert len(seen[b]) == 2 and host[b] not in seen[b]  # each pod its own, none the host's
         assert sysfs.roce_v2_index(root, f"mlx5_bond_{b}", 1, f"198.51.100.{16 * b + 2}") == host[b]

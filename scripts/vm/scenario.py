@@ -581,22 +581,27 @@ def status(bond: str, rdma: dict[str, Any] | None = None) -> tuple[int, dict[str
 
 def pod_view(pod: str, dev: str, ipv4: str, index: int | None) -> None:
     """What a user in the pod is told to put in NCCL_IB_GID_INDEX: ``cni-tool gids --netns``."""
+    rows = pod_gid_rows(pod, dev)
+    if rows is None:
+        return
+    found = [r.get("index") for r in rows if r.get("ipv4") == ipv4 and r.get("type") == "RoCE v2"]
+    R.check(f"cni-tool gids inside {pod}: RoCE v2 index of {ipv4} equals the host's", [index], found, rows)
+
+
+def pod_gid_rows(pod: str, dev: str | None = None) -> list[dict[str, Any]] | None:
+    """``cni-tool gids --netns`` of ``pod`` (one device, or all): its JSON rows, None when it failed
+    (recorded) or the checkout has no such command (skipped)."""
     if importlib.util.find_spec("rdma_cni.cli.tool_gids") is None:
         R.skip(f"cni-tool gids in {pod}", "rdma_cni/cli/tool_gids.py is not present")
-        return
-    proc = run(
-        [sys.executable, "-m", "rdma_cni.cli.tool", "gids", dev, "--netns", f"/run/netns/{pod}", "--json"],
-        ok=range(-64, 256),
-        timeout=120,
-    )
+        return None
+    argv = [sys.executable, "-m", "rdma_cni.cli.tool", "gids", *([dev] if dev else [])]
+    proc = run([*argv, "--netns", f"/run/netns/{pod}", "--json"], ok=range(-64, 256), timeout=120)
     try:
         rows = json.loads(proc.stdout)
     except json.JSONDecodeError:
         R.check(f"cni-tool gids --netns {pod} prints JSON", True, False, proc.stdout + proc.stderr)
-        return
-    rows = rows if isinstance(rows, list) else rows.get("gids", []) if isinstance(rows, dict) else []
-    found = [r.get("index") for r in rows if r.get("ipv4") == ipv4 and r.get("type") == "RoCE v2"]
-    R.check(f"cni-tool gids inside {pod}: RoCE v2 index of {ipv4} equals the host's", [index], found, rows)
+        return None
+    return rows if isinstance(rows, list) else rows.get("gids", []) if isinstance(rows, dict) else []
 
 
 def result_ips(result: dict[str, Any] | None) -> list[str]:
@@ -1007,6 +1012,7 @@ def shared_section() -> None:
     R.check("the host bonds keep all their addresses", before["links"], host_snapshot()["links"])
     R.fact("gid_tables_with_shared_pods", tables())
     seen: set[tuple[str, int]] = set()
+    recorded: dict[tuple[str, str], Any] = {}
     for pod, by_bond in got.items():
         for bond, addr in by_bond.items():
             dev = BONDS[bond][0]
@@ -1016,6 +1022,7 @@ def shared_section() -> None:
                 seen.add((dev, index))
             path = STATE / "run" / "gid" / f"e2e-{pod}" / f"{bond}.json"
             rec = json.loads(path.read_text()) if path.exists() else {}
+            recorded[(pod, bond)] = rec.get("gidIndex")
             R.check(
                 f"{pod}: the record of {bond} names that index, mode shared",
                 (index, "shared"),
@@ -1023,6 +1030,17 @@ def shared_section() -> None:
                 rec,
             )
     R.check("four pod addresses, four GID slots", 4, len(seen))
+    rows = pod_gid_rows("spod1")
+    if rows is not None:
+        R.check(
+            "cni-tool gids inside spod1: the RoCE v2 index of each of its addresses is the recorded one",
+            {a: [recorded[("spod1", b)]] for b, a in got["spod1"].items()},
+            {
+                a: [r.get("index") for r in rows if r.get("ipv4") == a and r.get("type") == "RoCE v2"]
+                for a in got["spod1"].values()
+            },
+            rows,
+        )
     for a, index in host_idx.items():
         dev = BONDS["bond0"][0] if a in BONDS["bond0"][2] else BONDS["bond1"][0]
         R.check(f"the host's {a} keeps its GID index", index, v2_index(dev, a))
