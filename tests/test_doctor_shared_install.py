@@ -117,3 +117,24 @@ def test_the_unified_host_gid_index_is_not_offered_as_the_index_of_shared_mode_p
     assert "rdma-ipvlan pod's addresses have indexes of their own" in shared.detail
     exclusive = by_check(check_gids(_gid_snapshot(tmp_path / "b", shared=False)))["gid-index-unified"]
     assert exclusive.detail == "every device has its RoCE v2 IPv4 GID at index 3 (NCCL_IB_GID_INDEX=3)"
+
+
+def test_a_pool_with_room_for_more_pods_than_a_node_runs_and_no_ranges_is_a_warning() -> None:
+    """Several nodes on one RDMA subnet keep apart only by per-node 'ranges': a pool bigger than one
+    node's pods (kubelet's maxPods, 110) without them is the sign of a shared subnet left unsplit."""
+    from rdma_cni.doctor.shared_pools import MAX_PODS_PER_NODE, BondPool, SharedPools, findings
+
+    def warned(pool: BondPool) -> list[str]:
+        found = findings(SharedPools(config="c", data_dir="d", bonds=[pool]))
+        return [f.detail for f in found if f.status == WARN and "ranges" in f.detail]
+
+    wide = BondPool(bond="bond0", subnet="198.51.100.0/24", prefixlen=24, free=252, size=252, ranges=[])
+    assert warned(wide) == [
+        f"bond0's subnet 198.51.100.0/24 has room for 252 pods, more than one node runs "
+        f"(kubelet's maxPods: {MAX_PODS_PER_NODE}), and no 'ranges'"
+    ]
+    split = BondPool(bond="bond0", subnet="198.51.100.0/24", prefixlen=24, free=11, size=11,
+                     ranges=["198.51.100.4-198.51.100.14"])
+    assert warned(split) == []  # this node's own share of the subnet
+    one_node = BondPool(bond="bond0", subnet="198.51.100.0/26", prefixlen=26, free=61, size=61, ranges=[])
+    assert warned(one_node) == []  # a /26 fits one node's pods: no sign of sharing

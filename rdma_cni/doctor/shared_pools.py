@@ -23,7 +23,10 @@ if TYPE_CHECKING:
     from rdma_cni.doctor.node import NodeSnapshot
 
 NARROWEST = 28  # TKE: the node's RDMA subnets must be /28 or wider
-WIDE_WITHOUT_RANGES = 26  # wider than this and no 'ranges': more than one node's pods would need
+# kubelet's default maxPods: a pool without 'ranges' that holds more addresses than one node can run
+# pods is a subnet meant for several nodes, and nodes without ranges of their own hand out the same
+# addresses (each node's rdma-ipvlan sees only its own records)
+MAX_PODS_PER_NODE = 110
 NEARLY_FULL = 0.1  # free addresses below this share of the pool
 CHECK = "shared-pool"
 
@@ -238,12 +241,13 @@ def _bond_findings(b: BondPool) -> list[Finding]:
                 "the pool full frees them too",
             )
         )
-    if not b.ranges and b.prefixlen and b.prefixlen < WIDE_WITHOUT_RANGES:
+    if not b.ranges and b.size > MAX_PODS_PER_NODE:
         out.append(
             Finding(
                 CHECK,
                 WARN,
-                f"{b.bond}'s subnet {b.subnet} is wider than one node's pods need and has no 'ranges'",
+                f"{b.bond}'s subnet {b.subnet} has room for {b.size} pods, more than one node runs "
+                f"(kubelet's maxPods: {MAX_PODS_PER_NODE}), and no 'ranges'",
                 "if other nodes share this subnet, give each node its own 'ranges' "
                 "(else two nodes hand out the same address)",
             )
