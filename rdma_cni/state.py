@@ -269,6 +269,14 @@ def _is_bucket(text: str) -> bool:
     return len(text) == 2 and all(c in "0123456789abcdef" for c in text)
 
 
+def _temp_bucket(name: str) -> int | None:
+    """The claim bucket a claim holder's temp file (``.tmpc-<bucket>-*``) names; None for others."""
+    if not name.startswith(CLAIMED_TEMP_PREFIX):
+        return None
+    bucket = name[len(CLAIMED_TEMP_PREFIX) : len(CLAIMED_TEMP_PREFIX) + 2]
+    return int(bucket, 16) if _is_bucket(bucket) else None
+
+
 def record_filename(container_id: str, ifname: str) -> str:
     """``<cid>@<quoted ifname>.json``: '@' cannot occur in a valid container ID; the ifname is quoted."""
     validate_container_id(container_id)
@@ -289,6 +297,7 @@ class NodeState:
         # each a JSON load of every record, while every other ADD of the node waits for the lock.
         self._held: list[AttachmentRecord] | None = None
         self._holding = False
+        self._claims: set[int] = set()  # the buckets whose claim this object holds now
 
     def ensure(self) -> None:
         if self._ensured:  # once per call: each ensure_dir is a mkdir and a chmod
@@ -314,12 +323,25 @@ class NodeState:
     @contextmanager
     def claimed(self, att: Attachment) -> Iterator[None]:
         """This attachment's claim, waiting for it; take it *before* :meth:`locked`, never inside."""
-        fd = self._claim_fd(att)
+        bucket = _bucket(att.container_id, att.ifname)
+        fd = self._bucket_fd(bucket)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            self._claims.add(bucket)
             yield
         finally:
+            self._claims.discard(bucket)
             os.close(fd)
+
+    def sweep_claimed(self) -> None:
+        """Remove the temp files of the buckets whose claim this process holds: nobody else can write
+        one while we hold it and we are not writing now, so each is what a killed earlier holder left
+        (an ADD killed mid-commit, whose DEL this is). No node lock needed; the other buckets'
+        temp files are the node-lock sweep's."""
+        for name in self._temp_names():
+            bucket = _temp_bucket(name)
+            if bucket is not None and bucket in self._claims:
+                self._remove_orphan(name)
 
     @contextmanager
     def try_claim(self, att: Attachment) -> Iterator[bool]:
@@ -344,9 +366,6 @@ class NodeState:
         finally:
             os.close(fd)
 
-    def _claim_fd(self, att: Attachment) -> int:
-        return self._bucket_fd(_bucket(att.container_id, att.ifname))
-
     def _bucket_fd(self, bucket: int) -> int:
         durable.ensure_dir(self.data_dir)
         claims = os.path.join(self.data_dir, CLAIMS_DIR)
@@ -363,19 +382,23 @@ class NodeState:
         """Temp files of an atomic write cut short by kill -9. ``.tmp-*`` ones are written only
         under the node lock, which we hold: every one present now is an orphan. A claim holder's
         (``.tmpc-<bucket>-*``) is one only while that claim is free (its writer is gone)."""
+        for name in self._temp_names():
+            bucket = _temp_bucket(name)
+            if bucket in self._claims:  # ours, and we are not writing now (sweep_claimed)
+                self._remove_orphan(name)
+            elif bucket is not None:
+                with self._try_bucket(bucket) as free:  # held while removing
+                    if free:
+                        self._remove_orphan(name)
+            elif name.startswith(durable.TEMP_PREFIX):
+                self._remove_orphan(name)
+
+    def _temp_names(self) -> list[str]:
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
-            return
-        for name in names:
-            if name.startswith(CLAIMED_TEMP_PREFIX):
-                bucket = name[len(CLAIMED_TEMP_PREFIX) : len(CLAIMED_TEMP_PREFIX) + 2]
-                if _is_bucket(bucket):
-                    with self._try_bucket(int(bucket, 16)) as free:  # held while removing
-                        if free:
-                            self._remove_orphan(name)
-            elif name.startswith(durable.TEMP_PREFIX):
-                self._remove_orphan(name)
+            return []
+        return [n for n in names if n.startswith((CLAIMED_TEMP_PREFIX, durable.TEMP_PREFIX))]
 
     def _remove_orphan(self, name: str) -> None:
         log.info("removing %s/%s left by an interrupted write", self.dir, name)
@@ -432,7 +455,9 @@ class NodeState:
             os.unlink(path + COMMIT_SUFFIX)
         except FileNotFoundError:
             pass
-        return durable.remove(path)
+        removed = durable.remove(path)
+        self.sweep_claimed()  # a DEL after an ADD killed mid-commit: that write's temp file goes too
+        return removed
 
     def attachments(self) -> list[AttachmentRecord]:
         if self._held is not None:

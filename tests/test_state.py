@@ -236,6 +236,31 @@ def test_a_claim_holders_temp_file_is_swept_only_once_its_claim_is_free(tmp_path
         holder.wait()
 
 
+def test_the_del_holding_a_claim_removes_the_temp_file_a_killed_holder_of_it_left(tmp_path: str) -> None:
+    """An ADD killed mid-commit leaves ``.tmpc-<its bucket>-*``. Its DEL holds that very claim, so a
+    node-lock sweep saw the bucket busy and left the file for some later call: removing the record
+    under the claim removes it (nobody else can write in that bucket meanwhile); other buckets'
+    temp files are left to the node-lock sweep."""
+    st = NodeState(str(tmp_path))
+    r, other = rec("c9", "net1"), rec("c8", "net1")
+    with st.locked():
+        st.put(r)
+    left = os.path.join(st.dir, st._temp_prefix(r) + "killed")
+    foreign = os.path.join(st.dir, st._temp_prefix(other) + "writing")
+    assert st._temp_prefix(r) != st._temp_prefix(other)
+    for path in (left, foreign):
+        with open(path, "w") as f:
+            f.write("{")
+    with st.claimed(r.key):
+        assert st.remove("c9", "net1")
+    assert sorted(os.listdir(st.dir)) == [os.path.basename(foreign)]
+    with st.claimed(r.key):  # a DEL that finds no record sweeps under the node lock: its own too
+        with open(left, "w") as f:
+            f.write("{")
+        st.sweep()
+    assert not os.path.exists(left)
+
+
 def test_a_record_written_without_the_node_lock_uses_the_claims_temp_name(tmp_path: str) -> None:
     st = NodeState(str(tmp_path))
     r = rec("c1", "net1")
