@@ -3,7 +3,8 @@
 A test module marked ``both_modes`` runs every test that uses ``node_ns`` twice: with the plugin
 run in-process (``python -m rdma_cni.cli.macvlan``) and as shipped (the C client answered by an
 ``rdma-agent``, fallback disabled). ``in_process_only`` keeps a test to the first (it signals the
-plugin's own process, which in agent mode is the client, not the worker doing the work).
+plugin's own process, which in agent mode is the client, not the worker doing the work);
+``agent_only`` to the second (a load test whose cold cell would prove nothing more, at minutes of CPU).
 
 ``--serial include|exclude|only`` and ``--quick`` select by :mod:`suite_plan`, which also marks the
 tests that share a worker or run alone (``scripts/test`` runs the suite in two passes with them).
@@ -63,8 +64,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "node_ns" not in metafunc.fixturenames or not metafunc.definition.get_closest_marker("both_modes"):
         return
-    only = metafunc.definition.get_closest_marker("in_process_only")
-    metafunc.parametrize("node_ns", ["in-process"] if only else ["in-process", "agent"], indirect=True)
+    modes = ["in-process", "agent"]
+    if metafunc.definition.get_closest_marker("in_process_only"):
+        modes = ["in-process"]
+    elif metafunc.definition.get_closest_marker("agent_only"):
+        modes = ["agent"]
+    metafunc.parametrize("node_ns", modes, indirect=True)
 
 
 @pytest.fixture
