@@ -675,8 +675,12 @@ def test_installed_agent_serves_metrics_from_the_frozen_bundle(bundle: Path, tmp
                 "--metrics-address", "127.0.0.1:9513"]
         agent = subprocess.Popen(argv, env=bare_env(tmp_path), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
-        _wait_for(sock.exists, "its socket", agent)
-        note = json.loads((tmp_path / "run" / "agent-metrics.json").read_text())
+        # the agent notes its endpoint once it holds the socket (a second agent that fails to bind must
+        # not overwrite the first one's note): wait for the note, not the socket
+        note_path = tmp_path / "run" / "agent-metrics.json"
+        _wait_for(note_path.exists, "its metrics note beside the socket", agent)
+        assert sock.exists()
+        note = json.loads(note_path.read_text())
         assert note["url"] == "http://127.0.0.1:9513/metrics"
         fetch = [str(bin_dir / "rdma-cni.d/current/rdma-cni"), "cni-tool", "doctor", "--json",
                  "--netns", f"/run/netns/{ns}", "--run-dir", str(tmp_path / "run")]

@@ -42,7 +42,8 @@ def demo_pid(proc: subprocess.Popen[str]) -> int:
 
 def start() -> subprocess.Popen[str]:
     return subprocess.Popen(
-        DEMO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=REPO
+        DEMO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=REPO,
+        preexec_fn=_as_from_a_terminal,
     )
 
 
@@ -190,3 +191,9 @@ def test_a_zombie_or_missing_pid_counts_as_dead_a_running_one_as_alive() -> None
         child.wait()
     assert not process_alive(child.pid)
     assert process_alive(os.getpid())
+
+
+def _as_from_a_terminal() -> None:
+    """The demo's SIGINT as a terminal's foreground job has it (default): a suite started by a
+    shell's ``cmd &`` inherits SIGINT ignored, passed it on, and the Ctrl-C below went unheard."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

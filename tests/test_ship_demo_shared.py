@@ -129,7 +129,8 @@ def _gid_indexes(out: str, addresses: dict[str, list[str]]) -> None:
 def test_ctrl_c_while_the_pods_run_removes_everything() -> None:
     _skip_unless_possible()
     proc = subprocess.Popen(
-        DEMO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=REPO
+        DEMO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=REPO,
+        preexec_fn=_as_from_a_terminal,
     )
     try:
         seen = _read_until(proc, "=== 4.")  # both pods are up, the device plugin serves
@@ -184,3 +185,9 @@ def test_two_modes_of_one_kind_are_refused(given: list[str], capsys: pytest.Capt
         demo_main._modes(argparse.ArgumentParser(prog="scripts/demo"), given)
     assert exc.value.code == 2
     assert "one cluster network mode and one RDMA mode at most" in capsys.readouterr().err
+
+
+def _as_from_a_terminal() -> None:
+    """The demo's SIGINT as a terminal's foreground job has it (default): a suite started by a
+    shell's ``cmd &`` inherits SIGINT ignored, passed it on, and the Ctrl-C below went unheard."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
