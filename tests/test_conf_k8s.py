@@ -382,11 +382,7 @@ def test_device_plugin_variants_are_valid_manifests_whose_config_loads(mark: str
     sys.path.insert(0, str(REPO / "tests"))
     import seed002
 
-    docs = _variant(mark)
-    for doc in docs:
-        assert schema_problems(doc) == [], doc.get("kind")
-    ds = next(d for d in docs if d["kind"] == "DaemonSet")
-    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {RDMA_LABEL: "true"}  # TKE's label kept
+    ds = _checked_daemonset(_variant(mark))
     dp = _container(ds, "rdma-device-plugin")
     args = parse_args(_expand(dp["args"], {e["name"]: e["value"] for e in dp["env"]}))
     mounts = {m["mountPath"]: m["name"] for m in dp["volumeMounts"]}
@@ -466,6 +462,16 @@ def _node_device_plugin_config(ds: dict[str, Any], host: Path) -> dict[str, Any]
     return loaded
 
 
+def _checked_daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The variant's DaemonSet, after every document of it passed the schema check and the node
+    selector kept TKE's label."""
+    for doc in docs:
+        assert schema_problems(doc) == [], doc.get("kind")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {RDMA_LABEL: "true"}  # TKE's label kept
+    return ds
+
+
 @pytest.mark.parametrize(
     ("rdma_mode", "delegate", "want"),
     [
@@ -479,11 +485,7 @@ def test_rdma_mode_switch_reaches_the_installer_and_the_device_plugin(
     from rdma_cni.cli.device_plugin import flags_of, parse_args
     from rdma_cni.deviceplugin.config import load_config
 
-    docs = _with_rdma_mode(rdma_mode)
-    for doc in docs:
-        assert schema_problems(doc) == [], doc.get("kind")
-    ds = next(d for d in docs if d["kind"] == "DaemonSet")
-    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {RDMA_LABEL: "true"}  # TKE's label kept
+    ds = _checked_daemonset(_with_rdma_mode(rdma_mode))
     refresh = _container(ds, "refresh")
     assert {e["name"]: e["value"] for e in refresh["env"]}["RDMA_MODE"] == rdma_mode
     assert '--rdma-mode "$RDMA_MODE"' in refresh["args"][0]

@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,18 +71,23 @@ def install(bundle: Path, root: Path, *args: str) -> subprocess.CompletedProcess
     return _run(cmd)
 
 
-def _tree(root: Path) -> dict[str, tuple[str, str]]:
-    """Everything install.sh put under root: path -> (kind, link target or content hash)."""
+def _walk(root: Path, file_key: Callable[[Path], str]) -> dict[str, tuple[str, str]]:
+    """Everything under root: path -> (kind, link target or ``file_key`` of a file)."""
     out = {}
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
         if p.is_symlink():
             out[rel] = ("link", os.readlink(p))
         elif p.is_file():
-            out[rel] = ("file", f"{p.stat().st_mtime_ns}:{p.stat().st_size}")
+            out[rel] = ("file", file_key(p))
         else:
             out[rel] = ("dir", "")
     return out
+
+
+def _tree(root: Path) -> dict[str, tuple[str, str]]:
+    """Everything install.sh put under root: path -> (kind, link target or mtime and size)."""
+    return _walk(root, lambda p: f"{p.stat().st_mtime_ns}:{p.stat().st_size}")
 
 
 def test_bundle_is_onedir_with_the_three_names(bundle: Path) -> None:
@@ -822,16 +827,7 @@ BEFORE_RDMA_MODE = "fccef42"  # the last commit whose install.sh had no --rdma-m
 
 def _contents(root: Path) -> dict[str, tuple[str, str]]:
     """Like _tree, by content instead of mtime: what two installers laid down, comparable."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
-            out[rel] = ("link", os.readlink(p))
-        elif p.is_file():
-            out[rel] = ("file", f"{p.stat().st_mode:o}:{p.read_bytes().hex()}")
-        else:
-            out[rel] = ("dir", "")
-    return out
+    return _walk(root, lambda p: f"{p.stat().st_mode:o}:{p.read_bytes().hex()}")
 
 
 def _device_plugin_config(root: Path, tmp_path: Path) -> Any:
