@@ -75,7 +75,6 @@ WARM_MODULES = (
     "rdma_cni.cni.dispatch",
     "rdma_cni.plugins.macvlan",
     "rdma_cni.plugins.multus",
-    "pydantic",
     # What the plugin path takes from pyroute2: the message classes rdma_cni.net.rtnl builds
     # requests with, imported past pyroute2/__init__ (light_pyroute2) as the plugin itself does.
     # All of pyroute2 (IPRoute and every subsystem its __init__ loads) was ~11 MiB more for each

@@ -1,5 +1,5 @@
-"""The rdma-macvlan network config (DESIGN.md "rdma-macvlan: behaviour"), validated by pydantic
-(the model: :mod:`rdma_cni.plugins.macvlan_model`, imported only when a verb needs it).
+"""The rdma-macvlan network config (DESIGN.md "rdma-macvlan: behaviour"), read and validated by the
+model in :mod:`rdma_cni.plugins.macvlan_model`.
 
 Keys are camelCase like every CNI config; unknown keys are ignored (a conflist may carry keys for
 other plugins); a wrong type or value is CNI error 7 naming the key and how to fix it, raised before
@@ -9,16 +9,13 @@ anything on the node is touched.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rdma_cni.cni.config_fields import Invalid
 from rdma_cni.cni.errors import ConfigKeyError as ConfigKeyError  # moved there: shared by the plugins
 from rdma_cni.cni.errors import validate_dropping_bad_keys
 from rdma_cni.cni.invoke import is_plain_name
-
-if TYPE_CHECKING:
-    from pydantic import ValidationError
-
-    from rdma_cni.plugins.macvlan_model import MacvlanConfig
+from rdma_cni.plugins.macvlan_model import MacvlanConfig
 
 # What to tell the user for each key, shown with the validation problem.
 FIXES = {
@@ -55,7 +52,7 @@ def parse_config(raw: dict[str, Any]) -> MacvlanConfig:
 
 # What DEL cannot do without: where the records are. Every other key has a default that is safe
 # for giving the host back, since the record (not the config) says what ADD did.
-DEL_ESSENTIAL = frozenset({"dataDir"})
+DEL_ESSENTIAL = frozenset({"dataDir", "data_dir"})  # a key is read by its JSON name or its attribute name
 
 
 def parse_del_config(raw: dict[str, Any]) -> tuple[MacvlanConfig, list[str]]:
@@ -67,30 +64,16 @@ def parse_del_config(raw: dict[str, Any]) -> tuple[MacvlanConfig, list[str]]:
 
 
 def _validate(raw: dict[str, Any]) -> MacvlanConfig:
-    from pydantic import ValidationError
-
-    from rdma_cni.plugins.macvlan_model import MacvlanConfig
-
     try:
-        cfg = MacvlanConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise _config_error(exc) from None
+        cfg = MacvlanConfig.from_raw(raw)
+    except Invalid as exc:
+        raise _bad(exc.key, exc.problem, exc.got) from None
     _check_ipam(cfg.ipam)
     _check_masters(cfg.masters)
     if isinstance(cfg.rdma.gid_index, int) and not 0 <= cfg.rdma.gid_index < 65536:
         fix = FIXES["rdma.gidIndex"]
         raise ConfigKeyError("rdma.gidIndex", f"config key 'rdma.gidIndex' is out of range: {fix}")
     return cfg
-
-
-_TYPE_TAGS = {"int", "str", "bool", "list", "dict", "float", "none"}
-
-
-def _config_error(exc: ValidationError) -> ConfigKeyError:
-    err = exc.errors()[0]
-    # loc holds field aliases, list positions and (for unions) member tags like "literal['host']".
-    parts = [str(p) for p in err["loc"] if isinstance(p, str) and "[" not in p and p not in _TYPE_TAGS]
-    return _bad(".".join(parts), err["msg"], err.get("input"))
 
 
 def _check_ipam(ipam: object) -> None:
@@ -110,7 +93,7 @@ def _check_masters(masters: object) -> None:
         raise ConfigKeyError("masters", f"config key 'masters' is invalid: {FIXES['masters']}")
 
 
-# --- STATUS: the keys it reads, without pydantic -------------------------------------------------
+# --- STATUS: the keys it reads, and only those --------------------------------------------------
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 NETNS_MODES = ("shared", "exclusive")
@@ -123,10 +106,10 @@ class StatusRdma:
 
 @dataclass(frozen=True)
 class StatusConfig:
-    """What STATUS reads of the config, named like the model's fields. A runtime may ask STATUS of a
-    cold plugin every few seconds, and pydantic alone is ~90 ms of a cold start: these keys are
-    checked here as the model checks them (same types, same messages; a test keeps the two in step).
-    The keys STATUS does not read are left to ADD's full validation."""
+    """What STATUS reads of the config, named like the model's fields, checked as the model checks
+    them (same types, same messages; a test keeps the two in step). A key STATUS does not read
+    (``count``, ``mode``, ``mtu`` ...) is left to ADD's full validation: a node whose masters and
+    state are fine is ready, and the ADD that a bad ``count`` would break says so for its pod."""
 
     masters: list[str] | None
     data_dir: str
@@ -178,5 +161,5 @@ def _text(raw: dict[str, Any], key: str, default: str) -> str:
 
 def _bad(key: str, problem: str, got: Any) -> ConfigKeyError:
     shown = repr(got) if not isinstance(got, dict) else "an object"
-    fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "see the rdma-macvlan config reference"
+    fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "what the rdma-macvlan config reference gives"
     return ConfigKeyError(key, f"config key '{key}' is invalid ({problem}, got {shown}): use {fix}")

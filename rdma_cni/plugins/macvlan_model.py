@@ -1,40 +1,71 @@
-"""The rdma-macvlan network config model (pydantic); :func:`macvlan_config.parse_config` validates.
+"""The rdma-macvlan network config model; :func:`macvlan_config.parse_config` reads and validates it.
 
-Its own module so that only the verbs that need the whole config import pydantic (~90 ms of a cold
-start): STATUS reads the few keys it needs through ``macvlan_config.parse_status_config``.
+Each class is a frozen dataclass (attribute names are the config keys in snake_case) and the table
+beside it says how each key is checked (:mod:`rdma_cni.cni.config_fields`, strict JSON types).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-_MODEL = ConfigDict(extra="ignore", strict=True, populate_by_name=True, frozen=True)
+from rdma_cni.cni import config_fields as cf
 
 
-class RdmaConfig(BaseModel):
-    model_config = _MODEL
-
-    netns_mode: Literal["shared", "exclusive"] = Field("shared", alias="netnsMode")
+@dataclass(frozen=True)
+class RdmaConfig:
+    netns_mode: Literal["shared", "exclusive"] = "shared"
     required: bool = True
-    gid_index: Literal["host"] | int = Field("host", alias="gidIndex")
-    gid_timeout_ms: int = Field(2000, alias="gidTimeoutMs", ge=0, le=600_000)
+    gid_index: Literal["host"] | int = "host"
+    gid_timeout_ms: int = 2000
 
 
-class MacvlanConfig(BaseModel):
-    model_config = _MODEL
+RDMA_FIELDS = (
+    cf.field("netns_mode", cf.one_of("shared", "exclusive"), "shared", key="netnsMode"),
+    cf.field("required", cf.boolean, True),
+    cf.field(
+        "gid_index",
+        cf.either(cf.one_of("host"), cf.integer(), "Input should be 'host' or a valid integer"),
+        "host",
+        key="gidIndex",
+    ),
+    cf.field("gid_timeout_ms", cf.integer(ge=0, le=600_000), 2000, key="gidTimeoutMs"),
+)
 
+
+@dataclass(frozen=True)
+class MacvlanConfig:
     name: str = ""
     masters: list[str] | None = None
-    count: int = Field(1, ge=1, le=64)
+    count: int = 1
     mode: Literal["bridge", "private", "vepa", "passthru"] = "bridge"
-    mtu: int | None = Field(None, ge=68, le=65535)
-    pod_if_name: Literal["master", "cni"] = Field("master", alias="podIfName")
+    mtu: int | None = None
+    pod_if_name: Literal["master", "cni"] = "master"
     ipam: dict[str, Any] | None = None
-    rdma: RdmaConfig = Field(default_factory=lambda: RdmaConfig.model_validate({}))
-    data_dir: str = Field("/var/lib/cni/rdma-macvlan", alias="dataDir", min_length=1)
-    run_dir: str = Field("/run/rdma-cni", alias="runDir", min_length=1)
-    sysfs_root: str = Field("/sys", alias="sysfsRoot", min_length=1)
-    log_file: str = Field("/var/log/rdma-cni/rdma-cni.log", alias="logFile")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", alias="logLevel")
+    rdma: RdmaConfig = field(default_factory=RdmaConfig)
+    data_dir: str = "/var/lib/cni/rdma-macvlan"
+    run_dir: str = "/run/rdma-cni"
+    sysfs_root: str = "/sys"
+    log_file: str = "/var/log/rdma-cni/rdma-cni.log"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any]) -> MacvlanConfig:
+        return cf.read(cls, FIELDS, raw)
+
+
+FIELDS = (
+    cf.field("name", cf.string(), ""),
+    cf.field("masters", cf.optional(cf.list_of(cf.string())), None),
+    cf.field("count", cf.integer(ge=1, le=64), 1),
+    cf.field("mode", cf.one_of("bridge", "private", "vepa", "passthru"), "bridge"),
+    cf.field("mtu", cf.optional(cf.integer(ge=68, le=65535)), None),
+    cf.field("pod_if_name", cf.one_of("master", "cni"), "master", key="podIfName"),
+    cf.field("ipam", cf.optional(cf.mapping), None),
+    cf.Field("rdma", "rdma", cf.nested(RdmaConfig, RDMA_FIELDS), RdmaConfig),
+    cf.field("data_dir", cf.string(min_length=1), "/var/lib/cni/rdma-macvlan", key="dataDir"),
+    cf.field("run_dir", cf.string(min_length=1), "/run/rdma-cni", key="runDir"),
+    cf.field("sysfs_root", cf.string(min_length=1), "/sys", key="sysfsRoot"),
+    cf.field("log_file", cf.string(), "/var/log/rdma-cni/rdma-cni.log", key="logFile"),
+    cf.field("log_level", cf.one_of("debug", "info", "warning", "error"), "info", key="logLevel"),
+)

@@ -1,6 +1,6 @@
-"""The rdma-ipvlan network config, validated by pydantic (:mod:`.model`, imported when a verb
-needs it); a wrong type or value is CNI error 7 naming the key and the fix, raised before anything
-on the node is touched. Unknown keys are ignored (a conflist may carry keys for other plugins).
+"""The rdma-ipvlan network config, read and validated by the model in :mod:`.model`; a wrong type
+or value is CNI error 7 naming the key and the fix, raised before anything on the node is touched.
+Unknown keys are ignored (a conflist may carry keys for other plugins).
 
 What can only be checked against the node (a range outside its bond's subnet) is checked by ADD,
 with the same kind of error (:func:`check_ranges`).
@@ -9,15 +9,12 @@ with the same kind of error (:func:`check_ranges`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rdma_cni.cni.config_fields import Invalid
 from rdma_cni.cni.errors import ConfigKeyError, validate_dropping_bad_keys
+from rdma_cni.plugins.ipvlan.model import IpvlanConfig
 from rdma_cni.plugins.ipvlan.pool import Span, Subnet, outside, parse_span
-
-if TYPE_CHECKING:
-    from pydantic import ValidationError
-
-    from rdma_cni.plugins.ipvlan.model import IpvlanConfig
 
 FIXES = {
     "masters": 'a list of bond netdev names, e.g. "masters": ["bond0", "bond1"]',
@@ -51,7 +48,7 @@ def parse_config(raw: dict[str, Any]) -> tuple[IpvlanConfig, Pools]:
     return cfg, _pools(cfg)
 
 
-DEL_ESSENTIAL = frozenset({"dataDir"})
+DEL_ESSENTIAL = frozenset({"dataDir", "data_dir"})  # a key is read by its JSON name or its attribute name
 
 
 def parse_del_config(raw: dict[str, Any]) -> tuple[IpvlanConfig, list[str]]:
@@ -62,13 +59,9 @@ def parse_del_config(raw: dict[str, Any]) -> tuple[IpvlanConfig, list[str]]:
 
 
 def _validate(raw: dict[str, Any]) -> IpvlanConfig:
-    from pydantic import ValidationError
-
-    from rdma_cni.plugins.ipvlan.model import IpvlanConfig
-
     try:
-        cfg = IpvlanConfig.model_validate(raw)
-    except ValidationError as exc:
+        cfg = IpvlanConfig.from_raw(raw)
+    except Invalid as exc:
         raise _config_error(exc) from None
     masters = cfg.masters
     if masters is not None and (not masters or any(not m or "/" in m for m in masters)):
@@ -108,15 +101,8 @@ def check_ranges(subnet: Subnet, spans: list[Span]) -> None:
         )
 
 
-_TYPE_TAGS = {"int", "str", "bool", "list", "dict", "float", "none"}
-
-
-def _config_error(exc: ValidationError) -> ConfigKeyError:
-    err = exc.errors()[0]
-    # loc holds field aliases, list positions and (for unions) member tags like "list[str]".
-    parts = [str(p) for p in err["loc"] if isinstance(p, str) and "[" not in p and p not in _TYPE_TAGS]
-    key = ".".join(parts)
-    got = err.get("input")
-    shown = repr(got) if not isinstance(got, dict) else "an object"
-    fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "see the rdma-ipvlan config reference"
-    return ConfigKeyError(key, f"config key '{key}' is invalid ({err['msg']}, got {shown}): use {fix}")
+def _config_error(exc: Invalid) -> ConfigKeyError:
+    key = exc.key
+    shown = repr(exc.got) if not isinstance(exc.got, dict) else "an object"
+    fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "what the rdma-ipvlan config reference gives"
+    return ConfigKeyError(key, f"config key '{key}' is invalid ({exc.problem}, got {shown}): use {fix}")

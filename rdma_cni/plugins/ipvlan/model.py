@@ -1,40 +1,69 @@
-"""The rdma-ipvlan network config model (pydantic); :func:`.config.parse_config` validates it.
+"""The rdma-ipvlan network config model; :func:`.config.parse_config` reads and validates it.
 
-Its own module so that a VERSION or a malformed request never imports pydantic (~90 ms cold).
+Each class is a frozen dataclass (attribute names are the config keys in snake_case) and the table
+beside it says how each key is checked (:mod:`rdma_cni.cni.config_fields`, strict JSON types).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-_MODEL = ConfigDict(extra="ignore", strict=True, populate_by_name=True, frozen=True)
+from rdma_cni.cni import config_fields as cf
 
 DEFAULT_DATA_DIR = "/var/lib/cni/rdma-ipvlan"
 DEFAULT_RUN_DIR = "/run/rdma-cni"  # rdma-macvlan's: the GID records of both modes in one place
 
 
-class RdmaConfig(BaseModel):
-    model_config = _MODEL
-
+@dataclass(frozen=True)
+class RdmaConfig:
     required: bool = True
-    gid_timeout_ms: int = Field(2000, alias="gidTimeoutMs", ge=0, le=600_000)
+    gid_timeout_ms: int = 2000
 
 
-class IpvlanConfig(BaseModel):
-    model_config = _MODEL
+RDMA_FIELDS = (
+    cf.field("required", cf.boolean, True),
+    cf.field("gid_timeout_ms", cf.integer(ge=0, le=600_000), 2000, key="gidTimeoutMs"),
+)
 
+
+@dataclass(frozen=True)
+class IpvlanConfig:
     name: str = ""
     masters: list[str] | None = None
     link: Literal["ipvlan", "macvlan"] = "ipvlan"
-    ipvlan_mode: Literal["l2", "l3", "l3s"] = Field("l2", alias="ipvlanMode")
-    ranges: dict[str, str | list[str]] = Field(default_factory=dict)
-    exclude: list[str] = Field(default_factory=list)
-    mtu: int | None = Field(None, ge=68, le=65535)
-    rdma: RdmaConfig = Field(default_factory=lambda: RdmaConfig.model_validate({}))
-    data_dir: str = Field(DEFAULT_DATA_DIR, alias="dataDir", min_length=1)
-    run_dir: str = Field(DEFAULT_RUN_DIR, alias="runDir", min_length=1)
-    sysfs_root: str = Field("/sys", alias="sysfsRoot", min_length=1)
-    log_file: str = Field("/var/log/rdma-cni/rdma-cni.log", alias="logFile")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", alias="logLevel")
+    ipvlan_mode: Literal["l2", "l3", "l3s"] = "l2"
+    ranges: dict[str, str | list[str]] = field(default_factory=dict)
+    exclude: list[str] = field(default_factory=list)
+    mtu: int | None = None
+    rdma: RdmaConfig = field(default_factory=RdmaConfig)
+    data_dir: str = DEFAULT_DATA_DIR
+    run_dir: str = DEFAULT_RUN_DIR
+    sysfs_root: str = "/sys"
+    log_file: str = "/var/log/rdma-cni/rdma-cni.log"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any]) -> IpvlanConfig:
+        return cf.read(cls, FIELDS, raw)
+
+
+_TEXTS = cf.either(
+    cf.string(), cf.list_of(cf.string()), "Input should be a valid string or a list of strings"
+)
+
+FIELDS = (
+    cf.field("name", cf.string(), ""),
+    cf.field("masters", cf.optional(cf.list_of(cf.string())), None),
+    cf.field("link", cf.one_of("ipvlan", "macvlan"), "ipvlan"),
+    cf.field("ipvlan_mode", cf.one_of("l2", "l3", "l3s"), "l2", key="ipvlanMode"),
+    cf.Field("ranges", "ranges", cf.dict_of(_TEXTS), dict),
+    cf.Field("exclude", "exclude", cf.list_of(cf.string()), list),
+    cf.field("mtu", cf.optional(cf.integer(ge=68, le=65535)), None),
+    cf.Field("rdma", "rdma", cf.nested(RdmaConfig, RDMA_FIELDS), RdmaConfig),
+    cf.field("data_dir", cf.string(min_length=1), DEFAULT_DATA_DIR, key="dataDir"),
+    cf.field("run_dir", cf.string(min_length=1), DEFAULT_RUN_DIR, key="runDir"),
+    cf.field("sysfs_root", cf.string(min_length=1), "/sys", key="sysfsRoot"),
+    cf.field("log_file", cf.string(), "/var/log/rdma-cni/rdma-cni.log", key="logFile"),
+    cf.field("log_level", cf.one_of("debug", "info", "warning", "error"), "info", key="logLevel"),
+)
