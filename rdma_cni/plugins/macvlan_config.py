@@ -15,6 +15,7 @@ from rdma_cni.cni.config_fields import Invalid
 from rdma_cni.cni.errors import ConfigKeyError as ConfigKeyError  # moved there: shared by the plugins
 from rdma_cni.cni.errors import validate_dropping_bad_keys
 from rdma_cni.cni.invoke import is_plain_name
+from rdma_cni.plugins import macvlan_model
 from rdma_cni.plugins.macvlan_model import MacvlanConfig
 
 # What to tell the user for each key, shown with the validation problem.
@@ -65,7 +66,7 @@ def parse_del_config(raw: dict[str, Any]) -> tuple[MacvlanConfig, list[str]]:
 
 def _validate(raw: dict[str, Any]) -> MacvlanConfig:
     try:
-        cfg = MacvlanConfig.from_raw(raw)
+        cfg = macvlan_model.read(raw)
     except Invalid as exc:
         raise _bad(exc.key, exc.problem, exc.got) from None
     _check_ipam(cfg.ipam)

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rdma_cni.cni import config_fields as cf
+from rdma_cni.plugins.files_config import FilesConfig, files_fields
+
+DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ RDMA_FIELDS = (
 
 
 @dataclass(frozen=True)
-class MacvlanConfig:
+class MacvlanConfig(FilesConfig):
+    data_dir: str = DEFAULT_DATA_DIR
     name: str = ""
     masters: list[str] | None = None
     count: int = 1
@@ -43,15 +47,6 @@ class MacvlanConfig:
     pod_if_name: Literal["master", "cni"] = "master"
     ipam: dict[str, Any] | None = None
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
-    data_dir: str = "/var/lib/cni/rdma-macvlan"
-    run_dir: str = "/run/rdma-cni"
-    sysfs_root: str = "/sys"
-    log_file: str = "/var/log/rdma-cni/rdma-cni.log"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-
-    @classmethod
-    def from_raw(cls, raw: dict[str, Any]) -> MacvlanConfig:
-        return cf.read(cls, FIELDS, raw)
 
 
 FIELDS = (
@@ -63,9 +58,9 @@ FIELDS = (
     cf.field("pod_if_name", cf.one_of("master", "cni"), "master", key="podIfName"),
     cf.field("ipam", cf.optional(cf.mapping), None),
     cf.Field("rdma", "rdma", cf.nested(RdmaConfig, RDMA_FIELDS), RdmaConfig),
-    cf.field("data_dir", cf.string(min_length=1), "/var/lib/cni/rdma-macvlan", key="dataDir"),
-    cf.field("run_dir", cf.string(min_length=1), "/run/rdma-cni", key="runDir"),
-    cf.field("sysfs_root", cf.string(min_length=1), "/sys", key="sysfsRoot"),
-    cf.field("log_file", cf.string(), "/var/log/rdma-cni/rdma-cni.log", key="logFile"),
-    cf.field("log_level", cf.one_of("debug", "info", "warning", "error"), "info", key="logLevel"),
+    *files_fields(DEFAULT_DATA_DIR),
 )
+
+
+def read(raw: dict[str, Any]) -> MacvlanConfig:
+    return cf.read(MacvlanConfig, FIELDS, raw)

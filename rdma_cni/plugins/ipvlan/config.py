@@ -13,6 +13,7 @@ from typing import Any
 
 from rdma_cni.cni.config_fields import Invalid
 from rdma_cni.cni.errors import ConfigKeyError, validate_dropping_bad_keys
+from rdma_cni.plugins.ipvlan import model
 from rdma_cni.plugins.ipvlan.model import IpvlanConfig
 from rdma_cni.plugins.ipvlan.pool import Span, Subnet, outside, parse_span
 
@@ -60,7 +61,7 @@ def parse_del_config(raw: dict[str, Any]) -> tuple[IpvlanConfig, list[str]]:
 
 def _validate(raw: dict[str, Any]) -> IpvlanConfig:
     try:
-        cfg = IpvlanConfig.from_raw(raw)
+        cfg = model.read(raw)
     except Invalid as exc:
         raise _config_error(exc) from None
     masters = cfg.masters

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rdma_cni.cni import config_fields as cf
+from rdma_cni.plugins.files_config import FilesConfig, files_fields
 
 DEFAULT_DATA_DIR = "/var/lib/cni/rdma-ipvlan"
-DEFAULT_RUN_DIR = "/run/rdma-cni"  # rdma-macvlan's: the GID records of both modes in one place
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ RDMA_FIELDS = (
 
 
 @dataclass(frozen=True)
-class IpvlanConfig:
+class IpvlanConfig(FilesConfig):
+    data_dir: str = DEFAULT_DATA_DIR
     name: str = ""
     masters: list[str] | None = None
     link: Literal["ipvlan", "macvlan"] = "ipvlan"
@@ -37,15 +38,6 @@ class IpvlanConfig:
     exclude: list[str] = field(default_factory=list)
     mtu: int | None = None
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
-    data_dir: str = DEFAULT_DATA_DIR
-    run_dir: str = DEFAULT_RUN_DIR
-    sysfs_root: str = "/sys"
-    log_file: str = "/var/log/rdma-cni/rdma-cni.log"
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-
-    @classmethod
-    def from_raw(cls, raw: dict[str, Any]) -> IpvlanConfig:
-        return cf.read(cls, FIELDS, raw)
 
 
 _TEXTS = cf.either(
@@ -61,9 +53,9 @@ FIELDS = (
     cf.Field("exclude", "exclude", cf.list_of(cf.string()), list),
     cf.field("mtu", cf.optional(cf.integer(ge=68, le=65535)), None),
     cf.Field("rdma", "rdma", cf.nested(RdmaConfig, RDMA_FIELDS), RdmaConfig),
-    cf.field("data_dir", cf.string(min_length=1), DEFAULT_DATA_DIR, key="dataDir"),
-    cf.field("run_dir", cf.string(min_length=1), DEFAULT_RUN_DIR, key="runDir"),
-    cf.field("sysfs_root", cf.string(min_length=1), "/sys", key="sysfsRoot"),
-    cf.field("log_file", cf.string(), "/var/log/rdma-cni/rdma-cni.log", key="logFile"),
-    cf.field("log_level", cf.one_of("debug", "info", "warning", "error"), "info", key="logLevel"),
+    *files_fields(DEFAULT_DATA_DIR),
 )
+
+
+def read(raw: dict[str, Any]) -> IpvlanConfig:
+    return cf.read(IpvlanConfig, FIELDS, raw)
