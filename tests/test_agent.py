@@ -936,12 +936,21 @@ def _burst(sock: str, tmp: Path, tag: str, n: int = 6) -> set[int]:
 def test_workers_left_from_a_burst_serve_the_next_burst_then_leave(tmp_path: Path) -> None:
     """Surplus idle workers stay --trim-after seconds: a second burst right after the first is
     served by the first one's (warm) workers, no fork; later only PREFORK idle workers remain."""
-    running = start_agent(tmp_path, "--trim-after", "12")
+    running = start_agent(tmp_path, "--trim-after", "12", "--log-level", "debug")
     try:
         first = _burst(running.sock, tmp_path, "a")
         assert len(first) == 6
         kept = live_children(running.pid)
         assert first <= kept  # the burst's workers stay (plus, maybe, the spare forked during it)
+        # The second burst starts once the agent knows every worker of the first is back waiting
+        # (its debug line): a worker still finishing its call when a call of the second burst
+        # arrives makes that call wait --queue-wait (25 ms), then get a fork, which is not the
+        # trim this test is about (a loaded run saw it).
+        back = [f"worker {pid} is waiting for a call again" for pid in sorted(first)]
+        deadline = time.monotonic() + 30
+        while not all(line in running.log.read_text() for line in back):
+            assert time.monotonic() < deadline, running.log.read_text()[-2000:]
+            time.sleep(0.02)
         second = _burst(running.sock, tmp_path, "b")
         assert second <= kept, "the second burst waited for forks"
         wait_for_children(running.pid, 2, timeout=60)

@@ -426,6 +426,7 @@ class Agent:
                 self.busy.discard(-pid)
                 self.idle.add(-pid)
                 self.idle_since[-pid] = time.monotonic()
+                log.debug("worker %d is waiting for a call again", -pid)
 
     def wake_idle(self) -> None:
         """A connection arrived: every idle worker back to normal priority, so one that is copying
