@@ -6,7 +6,7 @@ place that turns it into the error JSON the spec wants on stdout.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -61,6 +61,14 @@ class ConfigKeyError(CniError):
     def __init__(self, key: str, msg: str) -> None:
         super().__init__(INVALID_CONFIG, msg)
         self.key = key
+
+
+def invalid_key(key: str, problem: str, got: Any, fixes: Mapping[str, str], plugin: str) -> ConfigKeyError:
+    """Error 7 for one config key that does not validate: the problem, what it got (an object is
+    not echoed whole), and the fix for the key (or its top-level key) from the plugin's ``fixes``."""
+    shown = repr(got) if not isinstance(got, dict) else "an object"
+    fix = fixes.get(key) or fixes.get(key.split(".")[0]) or f"what the {plugin} config reference gives"
+    return ConfigKeyError(key, f"config key '{key}' is invalid ({problem}, got {shown}): use {fix}")
 
 
 def validate_dropping_bad_keys(

@@ -13,7 +13,7 @@ from typing import Any
 
 from rdma_cni.cni.config_fields import Invalid
 from rdma_cni.cni.errors import ConfigKeyError as ConfigKeyError  # moved there: shared by the plugins
-from rdma_cni.cni.errors import validate_dropping_bad_keys
+from rdma_cni.cni.errors import invalid_key, validate_dropping_bad_keys
 from rdma_cni.cni.invoke import is_plain_name
 from rdma_cni.plugins import macvlan_model
 from rdma_cni.plugins.macvlan_model import MacvlanConfig
@@ -161,6 +161,4 @@ def _text(raw: dict[str, Any], key: str, default: str) -> str:
 
 
 def _bad(key: str, problem: str, got: Any) -> ConfigKeyError:
-    shown = repr(got) if not isinstance(got, dict) else "an object"
-    fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "what the rdma-macvlan config reference gives"
-    return ConfigKeyError(key, f"config key '{key}' is invalid ({problem}, got {shown}): use {fix}")
+    return invalid_key(key, problem, got, FIXES, "rdma-macvlan")

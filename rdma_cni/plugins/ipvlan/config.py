@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rdma_cni.cni.config_fields import Invalid
-from rdma_cni.cni.errors import ConfigKeyError, validate_dropping_bad_keys
+from rdma_cni.cni.errors import ConfigKeyError, invalid_key, validate_dropping_bad_keys
 from rdma_cni.plugins.ipvlan import model
 from rdma_cni.plugins.ipvlan.model import IpvlanConfig
 from rdma_cni.plugins.ipvlan.pool import Span, Subnet, outside, parse_span
@@ -63,7 +63,7 @@ def _validate(raw: dict[str, Any]) -> IpvlanConfig:
     try:
         cfg = model.read(raw)
     except Invalid as exc:
-        raise _config_error(exc) from None
+        raise invalid_key(exc.key, exc.problem, exc.got, FIXES, "rdma-ipvlan") from None
     masters = cfg.masters
     if masters is not None and (not masters or any(not m or "/" in m for m in masters)):
         raise ConfigKeyError("masters", f"config key 'masters' is invalid: {FIXES['masters']}")
@@ -100,10 +100,3 @@ def check_ranges(subnet: Subnet, spans: list[Span]) -> None:
             f"{subnet.bond}'s subnet {subnet.network}: give a range inside it, or leave the bond out of "
             "'ranges' to use all of its subnet",
         )
-
-
-def _config_error(exc: Invalid) -> ConfigKeyError:
-    key = exc.key
-    shown = repr(exc.got) if not isinstance(exc.got, dict) else "an object"
-    fix = FIXES.get(key) or FIXES.get(key.split(".")[0]) or "what the rdma-ipvlan config reference gives"
-    return ConfigKeyError(key, f"config key '{key}' is invalid ({exc.problem}, got {shown}): use {fix}")
