@@ -96,7 +96,7 @@ def test_meta_config_names_the_seed_default_network(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_meta_config_is_accepted_by_rdma_multus(mode: str) -> None:
-    multus_config = pytest.importorskip("rdma_cni.plugins.multus_config")
+    multus_config = pytest.importorskip("rdma_cni.plugins.multus.config")
     cfg = multus_config.parse_config(load(CONF / mode / "00-rdma-multus.conflist")["plugins"][0])
     assert cfg.default_delegates == (MODES[mode],)
     assert cfg.annotation == ANNOTATION
@@ -107,7 +107,7 @@ def test_meta_config_is_accepted_by_rdma_multus(mode: str) -> None:
 
 
 def _macvlan_parser() -> Any:
-    for name in ("rdma_cni.plugins.macvlan_config", "rdma_cni.plugins.config"):
+    for name in ("rdma_cni.plugins.macvlan.config", "rdma_cni.plugins.config"):
         try:
             return __import__(name, fromlist=["x"])
         except ImportError:

@@ -257,7 +257,7 @@ def test_agent_serves_metrics_on_the_named_port_the_annotations_point_at() -> No
 
 
 def test_agent_mounts_are_the_node_paths_it_and_its_workers_use() -> None:
-    from rdma_cni.plugins.macvlan_config import parse_config
+    from rdma_cni.plugins.macvlan.config import parse_config
 
     ds = _daemonset()
     mounts = _host_mounts(ds, _container(ds, "rdma-agent"))

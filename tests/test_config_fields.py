@@ -13,7 +13,7 @@ from rdma_cni.cni import config_fields as cf
 from rdma_cni.cni.errors import CniError
 from rdma_cni.plugins.ipvlan.config import parse_config as ipvlan_config
 from rdma_cni.plugins.ipvlan.config import parse_del_config as ipvlan_del_config
-from rdma_cni.plugins.macvlan_config import parse_config, parse_del_config
+from rdma_cni.plugins.macvlan.config import parse_config, parse_del_config
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def test_importing_the_client_or_multus_loads_no_grpc() -> None:
     """rdma-agent imports every plugin before it forks its workers: grpc must not come with them."""
     code = (
         "import sys, json\n"
-        "import rdma_cni.kube.podresources, rdma_cni.plugins.multus, rdma_cni.cli.multus\n"
+        "import rdma_cni.kube.podresources, rdma_cni.plugins.multus.plugin, rdma_cni.cli.multus\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google'))))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -10,7 +10,7 @@ import time
 import pytest
 from netns import Node, finish
 
-from rdma_cni.plugins.macvlan_tx import ADD_STEPS, DEL_STEPS
+from rdma_cni.plugins.macvlan.tx import ADD_STEPS, DEL_STEPS
 
 pytestmark = pytest.mark.netns
 

@@ -18,7 +18,7 @@ import zlib
 import pytest
 from netns import Node, Pod, sh
 
-from rdma_cni.plugins.macvlan_tx import DEL_STEPS, LINK_GROUP_FIRST, LINK_GROUP_SPAN
+from rdma_cni.plugins.macvlan.tx import DEL_STEPS, LINK_GROUP_FIRST, LINK_GROUP_SPAN
 
 pytestmark = [pytest.mark.netns, pytest.mark.both_modes]
 

@@ -70,11 +70,13 @@ BROKEN = [
 @pytest.mark.parametrize("key,value", BROKEN)
 def test_status_and_the_full_model_refuse_the_same_keys_naming_the_same_key(key: str, value: object) -> None:
     from rdma_cni.cni.errors import CniError
-    from rdma_cni.plugins.macvlan_config import parse_config, parse_status_config
+    from rdma_cni.delegate_config import parse_status_config
+    from rdma_cni.plugins.macvlan.config import parse_config
+    from rdma_cni.plugins.macvlan.model import DEFAULT_DATA_DIR
 
     raw = dict(GOOD, **{key: value})
     with pytest.raises(CniError) as light:
-        parse_status_config(raw)
+        parse_status_config(raw, DEFAULT_DATA_DIR)
     with pytest.raises(CniError) as full:
         parse_config(raw)
     assert light.value.code == full.value.code == 7
@@ -83,15 +85,17 @@ def test_status_and_the_full_model_refuse_the_same_keys_naming_the_same_key(key:
 
 
 def test_status_and_the_full_model_read_a_good_config_alike() -> None:
-    from rdma_cni.plugins.macvlan_config import parse_config, parse_status_config
+    from rdma_cni.delegate_config import parse_status_config
+    from rdma_cni.plugins.macvlan.config import parse_config
+    from rdma_cni.plugins.macvlan.model import DEFAULT_DATA_DIR
 
     raw = dict(GOOD, dataDir="/d", sysfsRoot="/s", logFile="", logLevel="debug", ipam={"type": "host-local"},
                rdma={"netnsMode": "exclusive", "required": False})
-    light, full = parse_status_config(raw), parse_config(raw)
+    light, full = parse_status_config(raw, DEFAULT_DATA_DIR), parse_config(raw)
     for field in ("masters", "data_dir", "sysfs_root", "ipam", "log_file", "log_level"):
         assert getattr(light, field) == getattr(full, field), field
     assert light.rdma.netns_mode == full.rdma.netns_mode
-    defaults_light, defaults_full = parse_status_config({}), parse_config({})
+    defaults_light, defaults_full = parse_status_config({}, DEFAULT_DATA_DIR), parse_config({})
     for field in ("masters", "data_dir", "sysfs_root", "ipam", "log_file", "log_level"):
         assert getattr(defaults_light, field) == getattr(defaults_full, field), field
 

@@ -18,7 +18,7 @@ import pytest
 from netns import Node, Pod, sh
 from test_readdressed import assert_same_node
 
-from rdma_cni.plugins.macvlan_tx import ADD_STEPS
+from rdma_cni.plugins.macvlan.tx import ADD_STEPS
 from rdma_cni.rdma import sysfs
 from rdma_cni.sim.node import daemon, wait_watched
 

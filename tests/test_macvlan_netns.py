@@ -407,7 +407,7 @@ def test_ipam_present_leaves_the_bond_ip_alone(node_ns: Node) -> None:
 
 
 def test_injected_error_at_every_add_step_rolls_back_both_bonds(node_ns: Node) -> None:
-    from rdma_cni.plugins.macvlan_tx import ADD_STEPS
+    from rdma_cni.plugins.macvlan.tx import ADD_STEPS
 
     n = node_ns
     add_bonds(n, 2)

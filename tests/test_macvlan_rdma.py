@@ -158,7 +158,7 @@ def test_status_reports_the_mode_mismatch_as_50(rdma_node: tuple[Node, str]) -> 
 
 @pytest.mark.in_process_only
 def test_kill_at_every_step_then_del_gives_back_ip_slot_and_records(rdma_node: tuple[Node, str]) -> None:
-    from rdma_cni.plugins.macvlan_tx import ADD_STEPS
+    from rdma_cni.plugins.macvlan.tx import ADD_STEPS
 
     n, root = rdma_node
     before = n.snapshot()

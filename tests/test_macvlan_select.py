@@ -11,7 +11,7 @@ import pytest
 
 from rdma_cni.cni.errors import CniError
 from rdma_cni.cni.request import Attachment, Request
-from rdma_cni.plugins.macvlan_select import aliases, choose_bonds
+from rdma_cni.plugins.macvlan.select import aliases, choose_bonds
 
 
 def sysfs(tmp_path: Path) -> str:

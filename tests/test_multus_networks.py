@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
-from rdma_cni.plugins.multus_config import DEFAULT_ANNOTATION, parse_config
-from rdma_cni.plugins.multus_networks import NetworkSelection, parse_annotation
+from rdma_cni.plugins.multus.config import DEFAULT_ANNOTATION, parse_config
+from rdma_cni.plugins.multus.networks import NetworkSelection, parse_annotation
 
 
 def test_tke_short_form_from_the_guide() -> None:

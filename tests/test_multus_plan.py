@@ -8,11 +8,11 @@ import pytest
 
 from rdma_cni.cni.errors import INVALID_CONFIG, STATE_CORRUPT, CniError
 from rdma_cni.cni.request import Request
-from rdma_cni.plugins.multus import _networks
-from rdma_cni.plugins.multus_config import parse_config
-from rdma_cni.plugins.multus_delegates import Delegate
-from rdma_cni.plugins.multus_networks import parse_annotation
-from rdma_cni.plugins.multus_plan import AttachmentPlan, PlanStore
+from rdma_cni.plugins.multus.config import parse_config
+from rdma_cni.plugins.multus.delegates import Delegate
+from rdma_cni.plugins.multus.networks import parse_annotation
+from rdma_cni.plugins.multus.plan import AttachmentPlan, PlanStore
+from rdma_cni.plugins.multus.plugin import _networks
 
 
 def assign(

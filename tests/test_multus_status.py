@@ -14,7 +14,7 @@ import pytest
 
 from rdma_cni.cni.errors import KUBE_API_FAILURE, CniError
 from rdma_cni.cni.result import parse
-from rdma_cni.plugins import multus_status as ms
+from rdma_cni.plugins.multus import status as ms
 from rdma_cni.rdma import records
 from rdma_cni.rdma.sysfs import GidEntry
 

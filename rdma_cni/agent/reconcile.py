@@ -105,7 +105,7 @@ class Reconciler:
     def _by_data_dir(self) -> Iterator[tuple[str, dict[str, Network]]]:
         from rdma_cni.cni.errors import CniError
         from rdma_cni.plugins.ipvlan.config import parse_del_config as parse_shared_del_config
-        from rdma_cni.plugins.macvlan_config import parse_del_config
+        from rdma_cni.plugins.macvlan.config import parse_del_config
 
         groups: dict[str, dict[str, Network]] = {}
         for net in self.networks(PLUGIN_TYPES):

@@ -73,8 +73,8 @@ QUEUE_POLL = 0.002  # how often a waiting call's case is looked at again
 METRICS_RESPAWN = 1.0  # seconds between two starts of the metrics process (one that keeps dying)
 WARM_MODULES = (
     "rdma_cni.cni.dispatch",
-    "rdma_cni.plugins.macvlan",
-    "rdma_cni.plugins.multus",
+    "rdma_cni.plugins.macvlan.plugin",
+    "rdma_cni.plugins.multus.plugin",
     # What the plugin path takes from pyroute2: the message classes rdma_cni.net.rtnl builds
     # requests with, imported past pyroute2/__init__ (light_pyroute2) as the plugin itself does.
     # All of pyroute2 (IPRoute and every subsystem its __init__ loads) was ~11 MiB more for each

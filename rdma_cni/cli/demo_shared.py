@@ -301,7 +301,7 @@ def _hca(d: SharedDemo, bond: str) -> str:
 def step_gid_indexes(d: SharedDemo, addrs: list[dict[str, str]], host_index: int) -> None:
     """Each pod address's own RoCE v2 GID index: rdma-ipvlan's record, the table's, and the
     network-status device-info rdma-multus builds from that record."""
-    from rdma_cni.plugins.multus_status import rdma_device_info
+    from rdma_cni.plugins.multus.status import rdma_device_info
     from rdma_cni.rdma import records, sysfs
 
     delegate = d.delegate.read_bytes()

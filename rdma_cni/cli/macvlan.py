@@ -14,7 +14,7 @@ ABOUT = "rdma-macvlan: moves a bond's IP (and its RDMA GID) into the pod on a ma
 
 
 def _factory() -> Plugin:
-    from rdma_cni.plugins.macvlan import MacvlanPlugin
+    from rdma_cni.plugins.macvlan.plugin import MacvlanPlugin
 
     return MacvlanPlugin()
 

@@ -9,7 +9,7 @@ ABOUT = "rdma-multus: runs the networks a pod's tke.cloud.tencent.com/networks a
 
 def _factory() -> Plugin:
     # Imported here so that VERSION and malformed requests never pay for the plugin's imports.
-    from rdma_cni.plugins.multus import Multus
+    from rdma_cni.plugins.multus.plugin import Multus
 
     return Multus()
 

@@ -32,17 +32,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from rdma_cni.cni.errors import CniError
+from rdma_cni.delegate_config import DEFAULT_RUN_DIR, parse_status_config
 from rdma_cni.deviceplugin import poolconf
 from rdma_cni.deviceplugin.errors import ConfigError as ConfigError  # re-exported: callers know it here
 from rdma_cni.deviceplugin.pools import DEFAULT_SHARED_COUNT, EXCLUSIVE, MODES, SHARED, PoolSpec
+from rdma_cni.rdma import mode as rdma_mode
 
 log = logging.getLogger("rdma_cni.deviceplugin")
 
 DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 DEFAULT_CNI_CONF = "/etc/cni/net.d/rdma-multus.d/tke-rdma-macvlan.conf"
-DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"  # rdma-macvlan's own defaults (macvlan_config)
-DEFAULT_RUN_DIR = "/run/rdma-cni"
+DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"  # rdma-macvlan's own defaults (plugins/macvlan/config.py)
 # The CNI plugins whose delegate config --cni-conf may name, and each one's default dataDir.
 CNI_DATA_DIRS = {"rdma-macvlan": DEFAULT_DATA_DIR, "rdma-ipvlan": "/var/lib/cni/rdma-ipvlan"}
 DEFAULT_LOG_FILE = "/var/log/rdma-cni/rdma-device-plugin.log"
@@ -350,9 +352,6 @@ def _unknown_fix(key: str) -> str:
 def read_cni_conf(path: str) -> tuple[tuple[str, ...] | None, str, str]:
     """``(masters, dataDir, runDir)`` of the rdma-macvlan config, checked by the CNI plugin's own
     reader (the one its STATUS uses, without pydantic). Absent file: ``(None, defaults)``."""
-    from rdma_cni.cni.errors import CniError
-    from rdma_cni.plugins.macvlan_config import parse_status_config
-
     try:
         with open(path, encoding="utf-8") as f:
             raw = json.load(f)
@@ -369,15 +368,14 @@ def read_cni_conf(path: str) -> tuple[tuple[str, ...] | None, str, str]:
         raise ConfigError("type", plugin, "--cni-conf must name the node's tke-rdma-macvlan (exclusive) or "
                           "tke-rdma-ipvlan (shared) delegate config", path)
     try:  # rdma-ipvlan's masters, dataDir and runDir are rdma-macvlan's keys: one reader checks both
-        status = parse_status_config(raw)
+        status = parse_status_config(raw, CNI_DATA_DIRS[str(plugin)])
     except CniError as exc:
         raise ConfigError("--cni-conf", path, f"{plugin} refuses it too: {exc.msg}") from None
     run_dir = raw.get("runDir", DEFAULT_RUN_DIR)
     if not isinstance(run_dir, str) or not os.path.isabs(run_dir):
         raise ConfigError("runDir", run_dir, "use an absolute directory path", path)
     masters = tuple(status.masters) if status.masters is not None else None
-    data_dir = status.data_dir if "dataDir" in raw else CNI_DATA_DIRS[str(plugin)]
-    return masters, data_dir, run_dir
+    return masters, status.data_dir, run_dir
 
 
 # --- preflight -------------------------------------------------------------------------------------
@@ -389,18 +387,15 @@ def require_shared_netns(cfg: PluginConfig) -> str | None:
     Returns the mode, or None when it cannot be told yet (no RDMA core loaded: the driver may load
     after the plugin starts; the plugin then advertises what it finds and this is logged).
     """
-    from rdma_cni.cni.errors import CniError
-    from rdma_cni.rdma import mode
-
     try:
-        current = mode.current_netns_mode(cfg.sysfs_root)
+        current = rdma_mode.current_netns_mode(cfg.sysfs_root)
     except CniError as exc:
         log.warning("cannot tell the kernel RDMA netns mode yet: %s (%s)", exc.msg, exc.details)
         return None
-    if current != mode.SHARED:
+    if current != rdma_mode.SHARED:
         raise NetnsModeError(
             "kernel RDMA netns mode", current,
             "a shared RDMA device plugin needs 'shared' (in exclusive mode a pod sees only devices moved "
-            f"into its netns); {mode.FIX_SHARED}",
+            f"into its netns); {rdma_mode.FIX_SHARED}",
         )
     return current

@@ -2,7 +2,7 @@
 the current netns and rdma-macvlan's attachment records.
 
 Discovery follows rdma-macvlan exactly: the bonds are the ``masters`` of its config, or, without
-it, every netdev backing a RoCE port (:func:`rdma_cni.plugins.macvlan_rdma.default_masters`); each
+it, every netdev backing a RoCE port (:func:`rdma_cni.rdma.sysfs.default_masters`); each
 one's RDMA device comes from the same sysfs readers the CNI plugin uses. So a device kubelet hands
 out is always a bond the CNI plugin can move into the pod.
 
@@ -87,9 +87,7 @@ def _read(path: str) -> str | None:
 def _bond_netdevs(cfg: PluginConfig, ports: list[sysfs.RdmaPort]) -> list[str]:
     if cfg.masters is not None:
         return list(cfg.masters)
-    from rdma_cni.plugins.macvlan_rdma import default_masters
-
-    return default_masters(cfg.sysfs_root, ports)
+    return sysfs.default_masters(cfg.sysfs_root, ports)
 
 
 def discover(cfg: PluginConfig, previous: Snapshot | None = None) -> tuple[RdmaBond, ...]:

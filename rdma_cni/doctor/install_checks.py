@@ -123,7 +123,7 @@ def _meta_plugin(conf_dir: str, files: list[str]) -> dict[str, Any] | None:
 
 
 def _delegate_finding(snap: NodeSnapshot) -> Finding:
-    from rdma_cni.plugins.macvlan_config import parse_config
+    from rdma_cni.plugins.macvlan.config import parse_config
 
     path = os.path.join(snap.paths.conf_dir, DELEGATE_SUBDIR, f"{DELEGATE_NAME}.conf")
     name = f"config {DELEGATE_NAME}"

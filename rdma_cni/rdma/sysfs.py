@@ -250,6 +250,16 @@ def list_ports(sysfs_root: str) -> list[RdmaPort]:
     ]
 
 
+def default_masters(sysfs_root: str, ports: list[RdmaPort] | None = None) -> list[str]:
+    """Every netdev that backs a RoCE port, in device order (of ``ports`` when already read): the
+    bonds a plugin's config means when it names none, and the ones the device plugin advertises."""
+    out = []
+    for port in ports if ports is not None else list_ports(sysfs_root):
+        if port.netdev and port.link_layer == "Ethernet" and port.netdev not in out:
+            out.append(port.netdev)
+    return out
+
+
 def _device_via_netdev_links(sysfs_root: str, netdev: str) -> str | None:
     """``class/net/<netdev>/device/infiniband/<dev>``, or the same through a bond's ``lower_*`` links."""
     base = os.path.join(sysfs_root, "class", "net", netdev)

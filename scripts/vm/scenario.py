@@ -630,12 +630,12 @@ def plugin_rdma_missing() -> str | None:
     """
     spec = importlib.util.find_spec("rdma_cni.plugins")
     folder = Path(next(iter(spec.submodule_search_locations or []))) if spec else None
-    sources = sorted(folder.glob("macvlan*.py")) if folder else []
+    sources = sorted(folder.glob("macvlan/*.py")) if folder else []
     if not any(
         "rdma_cni.rdma" in f.read_text() or "from rdma_cni import rdma" in f.read_text() for f in sources
     ):
         return (
-            "rdma-macvlan does not use rdma_cni.rdma yet (no import in rdma_cni/plugins/macvlan*.py): "
+            "rdma-macvlan does not use rdma_cni.rdma yet (no import in rdma_cni/plugins/macvlan/*.py): "
             "it writes no GID record and checks no RDMA netns mode"
         )
     return None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rdma_cni.cni import config_fields as cf
-from rdma_cni.plugins.files_config import FilesConfig, files_fields
+from rdma_cni.delegate_config import FilesConfig, files_fields
 
 DEFAULT_DATA_DIR = "/var/lib/cni/rdma-ipvlan"
 

@@ -34,6 +34,7 @@ from rdma_cni.cni.errors import (
 )
 from rdma_cni.cni.request import Attachment, Request
 from rdma_cni.cni.result import Interface, IPConfig, Result, Route
+from rdma_cni.delegate_config import bonds
 from rdma_cni.failpoints import Failpoints
 from rdma_cni.net import addresses, links, pod_routing, routes
 from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
@@ -417,19 +418,7 @@ class IpvlanPlugin:
 
 
 def _masters(cfg: IpvlanConfig, ports: list[sysfs.RdmaPort]) -> list[str]:
-    if cfg.masters:
-        return list(dict.fromkeys(cfg.masters))
-    found = []
-    for port in ports:
-        if port.netdev and port.link_layer == "Ethernet" and port.netdev not in found:
-            found.append(port.netdev)
-    if found:
-        return found
-    raise CniError(
-        INVALID_CONFIG,
-        "config key 'masters' is missing and no RDMA device backs a netdev on this node: "
-        'list the bonds, e.g. "masters": ["bond0"]',
-    )
+    return bonds(cfg.masters, cfg.sysfs_root, ports)
 
 
 def _plan_rdma(cfg: IpvlanConfig, rec: AttachmentRecord, ports: list[sysfs.RdmaPort]) -> None:

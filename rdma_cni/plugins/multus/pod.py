@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from rdma_cni.cni.errors import KUBE_API_FAILURE, CniError
 from rdma_cni.cni.request import Request
 from rdma_cni.kube.pod import Pod
-from rdma_cni.plugins.multus_config import MultusConfig
-from rdma_cni.plugins.multus_networks import NetworkSelection, parse_annotation
+from rdma_cni.plugins.multus.config import MultusConfig
+from rdma_cni.plugins.multus.networks import NetworkSelection, parse_annotation
 
 if TYPE_CHECKING:
     from rdma_cni.kube.client import PodClient

@@ -24,18 +24,9 @@ from rdma_cni.rdma import gid, mode, nldev, records, sysfs
 from rdma_cni.state import AttachmentRecord, BondRecord
 
 if TYPE_CHECKING:
-    from rdma_cni.plugins.macvlan_model import MacvlanConfig
+    from rdma_cni.plugins.macvlan.model import MacvlanConfig
 
 log = logging.getLogger("rdma_cni.macvlan")
-
-
-def default_masters(sysfs_root: str, ports: list[sysfs.RdmaPort] | None = None) -> list[str]:
-    """Every netdev that backs a RoCE port, in device order (of ``ports`` when already read)."""
-    out = []
-    for port in ports if ports is not None else sysfs.list_ports(sysfs_root):
-        if port.netdev and port.link_layer == "Ethernet" and port.netdev not in out:
-            out.append(port.netdev)
-    return out
 
 
 def device_of(sysfs_root: str, netdev: str, ports: list[sysfs.RdmaPort] | None = None) -> str | None:

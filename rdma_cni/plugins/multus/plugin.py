@@ -34,13 +34,13 @@ from rdma_cni.cni.invoke import find_plugin
 from rdma_cni.cni.request import Attachment, Request
 from rdma_cni.cni.result import Result
 from rdma_cni.cni.result import parse as parse_result
-from rdma_cni.plugins import multus_status
-from rdma_cni.plugins.multus_config import MultusConfig, parse_cleanup_config, parse_config
-from rdma_cni.plugins.multus_delegates import Delegate, DelegateRunner, gc_network, status_network
-from rdma_cni.plugins.multus_nad import load_network
-from rdma_cni.plugins.multus_networks import NetworkSelection
-from rdma_cni.plugins.multus_plan import AttachmentPlan, PlanStore
-from rdma_cni.plugins.multus_pod import CRI_ANNOTATIONS, PodView
+from rdma_cni.plugins.multus import status as multus_status
+from rdma_cni.plugins.multus.config import MultusConfig, parse_cleanup_config, parse_config
+from rdma_cni.plugins.multus.delegates import Delegate, DelegateRunner, gc_network, status_network
+from rdma_cni.plugins.multus.nad import load_network
+from rdma_cni.plugins.multus.networks import NetworkSelection
+from rdma_cni.plugins.multus.plan import AttachmentPlan, PlanStore
+from rdma_cni.plugins.multus.pod import CRI_ANNOTATIONS, PodView
 
 log = logging.getLogger("rdma_cni.multus")
 

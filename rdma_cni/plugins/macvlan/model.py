@@ -1,4 +1,4 @@
-"""The rdma-macvlan network config model; :func:`macvlan_config.parse_config` reads and validates it.
+"""The rdma-macvlan network config model; :func:`.config.parse_config` reads and validates it.
 
 Each class is a frozen dataclass (attribute names are the config keys in snake_case) and the table
 beside it says how each key is checked (:mod:`rdma_cni.cni.config_fields`, strict JSON types).
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rdma_cni.cni import config_fields as cf
-from rdma_cni.plugins.files_config import FilesConfig, files_fields
+from rdma_cni.delegate_config import FilesConfig, files_fields
 
 DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from rdma_cni import durable
 from rdma_cni.cni.errors import STATE_CORRUPT, CniError
 from rdma_cni.cni.request import validate_container_id, validate_ifname
-from rdma_cni.plugins.multus_delegates import Delegate
+from rdma_cni.plugins.multus.delegates import Delegate
 
 log = logging.getLogger("rdma_cni.multus")
 

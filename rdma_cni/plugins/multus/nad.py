@@ -16,9 +16,9 @@ from typing import Any
 
 from rdma_cni.cni import conflist
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
-from rdma_cni.plugins.multus_config import MultusConfig
-from rdma_cni.plugins.multus_networks import NetworkSelection
-from rdma_cni.plugins.multus_pod import PodView
+from rdma_cni.plugins.multus.config import MultusConfig
+from rdma_cni.plugins.multus.networks import NetworkSelection
+from rdma_cni.plugins.multus.pod import PodView
 
 log = logging.getLogger("rdma_cni.multus")
 

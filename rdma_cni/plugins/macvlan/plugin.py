@@ -3,7 +3,7 @@
 ADD: config -> the attachment's claim -> node lock -> pick bonds -> write-ahead record -> node lock
 released -> per bond: macvlan in the pod netns, the bond's addresses moved into it, routes, RDMA
 checks, announcements -> commit (node lock again, briefly) -> result (locking: :mod:`rdma_cni.state`).
-A failure anywhere undoes every bond of the attachment (:func:`macvlan_tx.teardown`), naming the
+A failure anywhere undoes every bond of the attachment (:func:`.tx.teardown`), naming the
 step and the bond.
 DEL (under the attachment's claim only): record -> pod interfaces deleted (if that netns is still
 the recorded one) -> the bond's addresses, routes and rules replayed (not when the bond was
@@ -12,7 +12,7 @@ re-addressed meanwhile: its present configuration wins, noted for state/doctor) 
 the config or the IPAM plugin: our own undo always happens; an IPAM failure is reported after it,
 with the record cut down to the IPAM part (no pins) for the retry. GC: DEL for every recorded
 attachment the runtime no longer lists. STATUS: could an ADD succeed now. See
-:mod:`rdma_cni.plugins.macvlan_tx` for the step order and the test failpoints.
+:mod:`rdma_cni.plugins.macvlan.tx` for the step order and the test failpoints.
 """
 
 from __future__ import annotations
@@ -37,18 +37,15 @@ from rdma_cni.cni.errors import (
 from rdma_cni.cni.request import Request
 from rdma_cni.cni.result import Interface, IPConfig, Result, Route
 from rdma_cni.cni.result import parse as parse_result
+from rdma_cni.delegate_config import StatusConfig, bonds, parse_status_config
 from rdma_cni.net import addresses, links, pod_routing, routes
 from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.net.rtnl import attr
-from rdma_cni.plugins import macvlan_rdma
-from rdma_cni.plugins import macvlan_tx as tx
-from rdma_cni.plugins.macvlan_config import (
-    StatusConfig,
-    parse_config,
-    parse_del_config,
-    parse_status_config,
-)
-from rdma_cni.plugins.macvlan_select import choose_bonds, describe_pins
+from rdma_cni.plugins.macvlan import rdma as macvlan_rdma
+from rdma_cni.plugins.macvlan import tx
+from rdma_cni.plugins.macvlan.config import parse_config, parse_del_config
+from rdma_cni.plugins.macvlan.model import DEFAULT_DATA_DIR
+from rdma_cni.plugins.macvlan.select import choose_bonds, describe_pins
 from rdma_cni.rdma import sysfs
 from rdma_cni.rdma.mode import require_mode
 from rdma_cni.state import (
@@ -61,7 +58,7 @@ from rdma_cni.state import (
 )
 
 if TYPE_CHECKING:
-    from rdma_cni.plugins.macvlan_model import MacvlanConfig
+    from rdma_cni.plugins.macvlan.model import MacvlanConfig
 
 log = logging.getLogger("rdma_cni.macvlan")
 
@@ -235,16 +232,7 @@ class MacvlanPlugin:
     def _masters(
         self, cfg: MacvlanConfig | StatusConfig, ports: list[sysfs.RdmaPort] | None = None
     ) -> list[str]:
-        if cfg.masters:
-            return list(dict.fromkeys(cfg.masters))
-        found = macvlan_rdma.default_masters(cfg.sysfs_root, ports)
-        if found:
-            return found
-        raise CniError(
-            INVALID_CONFIG,
-            "config key 'masters' is missing and no RDMA device backs a netdev on this node: "
-            'list the bonds, e.g. "masters": ["bond0"]',
-        )
+        return bonds(cfg.masters, cfg.sysfs_root, ports)
 
     def _plan_bond(
         self, req: Request, cfg: MacvlanConfig, host: Any, pod: Any, bond: str, i: int,
@@ -491,7 +479,8 @@ class MacvlanPlugin:
 
     # ---------------------------------------------------------------- STATUS
     def status(self, req: Request) -> None:
-        cfg = parse_status_config(req.config)  # without pydantic: STATUS may be asked every few seconds
+        # Only the keys STATUS reads: it may be asked every few seconds.
+        cfg = parse_status_config(req.config, DEFAULT_DATA_DIR)
         logconf.configure(cfg.log_file, cfg.log_level)
         state = NodeState(cfg.data_dir)
         try:
