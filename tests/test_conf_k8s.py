@@ -317,8 +317,8 @@ def _expand(args: list[str], env: dict[str, str]) -> list[str]:
 
 def test_device_plugin_runs_in_its_own_container_with_directory_mounts(tmp_path: Path) -> None:
     from rdma_cni.cli.device_plugin import flags_of, parse_args
-    from rdma_cni.deviceplugin.config import PluginConfig
     from rdma_cni.deviceplugin.status import status_path
+    from rdma_cni.devices.config import PluginConfig
 
     ds = _daemonset()
     pod = ds["spec"]["template"]["spec"]
@@ -377,7 +377,7 @@ def test_device_plugin_variants_are_valid_manifests_whose_config_loads(mark: str
     import sys
 
     from rdma_cni.cli.device_plugin import flags_of, parse_args
-    from rdma_cni.deviceplugin.config import load_config
+    from rdma_cni.devices.config import load_config
 
     sys.path.insert(0, str(REPO / "tests"))
     import seed002
@@ -483,7 +483,7 @@ def test_rdma_mode_switch_reaches_the_installer_and_the_device_plugin(
     rdma_mode: str, delegate: str, want: tuple[str, str], tmp_path: Path
 ) -> None:
     from rdma_cni.cli.device_plugin import flags_of, parse_args
-    from rdma_cni.deviceplugin.config import load_config
+    from rdma_cni.devices.config import load_config
 
     ds = _checked_daemonset(_with_rdma_mode(rdma_mode))
     refresh = _container(ds, "refresh")

@@ -7,8 +7,8 @@ import json
 import threading
 from pathlib import Path
 
-from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot
 from rdma_cni.deviceplugin.status import StatusFile, status_path
+from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot
 
 
 def test_concurrent_changes_all_land_and_close_flushes(tmp_path: Path) -> None:

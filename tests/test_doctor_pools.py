@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from rdma_cni.deviceplugin.hca import Hca
-from rdma_cni.deviceplugin.model import DeviceHealth
-from rdma_cni.deviceplugin.pools import SHARED, PoolSpec, SharedSnapshot
-from rdma_cni.deviceplugin.selectors import Selectors
 from rdma_cni.deviceplugin.status import StatusFile, status_path
+from rdma_cni.devices.hca import Hca
+from rdma_cni.devices.model import DeviceHealth
+from rdma_cni.devices.pools import SHARED, PoolSpec, SharedSnapshot
+from rdma_cni.devices.selectors import Selectors
 from rdma_cni.doctor.deviceplugin import check_device_plugin
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.plugin_view import observe_device_plugin

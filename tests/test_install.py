@@ -833,7 +833,7 @@ def _contents(root: Path) -> dict[str, tuple[str, str]]:
 def _device_plugin_config(root: Path, tmp_path: Path) -> Any:
     """The installed device plugin config as the plugin loads it: its cniConf read in the host root."""
     yaml = pytest.importorskip("yaml")
-    from rdma_cni.deviceplugin.config import load_config
+    from rdma_cni.devices.config import load_config
 
     written = yaml.safe_load((root / DP_CONF).read_text())
     for d in ("sys", "dev"):

@@ -394,10 +394,10 @@ def test_every_pool_has_its_series_labelled_by_resource(sim: tuple[netns.Node, s
     """status.json as the plugin's own StatusFile writes it for two shared pools (a seed-002 style IB
     pool and a RoCE pool with one dead HCA): the first pool keeps the pre-pool series, every pool
     gets its own, and the dead HCA is a member series at 0 while its pool stays healthy."""
-    from rdma_cni.deviceplugin.hca import Hca
-    from rdma_cni.deviceplugin.model import DeviceHealth
-    from rdma_cni.deviceplugin.pools import SHARED, PoolSpec, SharedSnapshot
     from rdma_cni.deviceplugin.status import StatusFile, status_path
+    from rdma_cni.devices.hca import Hca
+    from rdma_cni.devices.model import DeviceHealth
+    from rdma_cni.devices.pools import SHARED, PoolSpec, SharedSnapshot
 
     n, _, scrape = sim
     ib, roce = "rdma/hca_shared_devices_a", "rdma/hca_shared_devices_b"

@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 from rdma_cni import log as logs
-from rdma_cni.deviceplugin.config import (
+from rdma_cni.devices.config import (
     ConfigError,
     NetnsModeError,
     PluginConfig,

@@ -1,9 +1,9 @@
-"""The kubelet device plugin for ``tke.cloud.tencent.com/tke-shared-rdma`` and any other pools.
+"""The kubelet device plugin for ``tke.cloud.tencent.com/tke-shared-rdma`` and any other pools: a
+front end on the device model (:mod:`rdma_cni.devices`), which decides which pools exist, what each
+one's devices are, whether each is healthy and what a container gets.
 
-Two rooms, as in NVIDIA's plugin: the device model (``config``, ``poolconf``, ``model``, ``inventory``,
-``hca``, ``selectors``, ``pools``, ``health``, ``allocation``, ``shared``) decides which pools exist,
-what each one's devices are, whether each is healthy and what a container gets, as functions of
-sysfs, the dev root, netlink of the current netns and rdma-macvlan's state; the gRPC layer
-(``server``, ``registration``, ``watch``, ``status``, ``daemon``) carries those answers to kubelet,
-one socket and one registration per pool.
+What is the device-plugin API's stays here, as in NVIDIA's plugin: the gRPC service (``server``:
+ListAndWatch, GetPreferredAllocation, Allocate), serving, proving and registering one socket per
+pool and starting over when kubelet forgets us (``registration``), the rescan that pushes health
+changes (``watch``), the status file (``status``) and the process (``daemon``).
 """

@@ -18,15 +18,15 @@ import logging
 import threading
 from collections import Counter
 
-from rdma_cni.deviceplugin import inventory
-from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.errors import ConfigError
-from rdma_cni.deviceplugin.inventory import NodeScan, Snapshot
-from rdma_cni.deviceplugin.pools import PoolSnapshot, PoolSpec, SharedSnapshot
 from rdma_cni.deviceplugin.registration import Lifecycle, socket_base
 from rdma_cni.deviceplugin.server import Board
 from rdma_cni.deviceplugin.status import StatusFile, status_path
 from rdma_cni.deviceplugin.watch import HealthWatch
+from rdma_cni.devices import inventory
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.errors import ConfigError
+from rdma_cni.devices.inventory import NodeScan, Snapshot
+from rdma_cni.devices.pools import PoolSnapshot, PoolSpec, SharedSnapshot
 
 log = logging.getLogger(__name__)
 

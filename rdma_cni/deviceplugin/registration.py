@@ -43,9 +43,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from rdma_cni.deviceplugin.config import PluginConfig
 from rdma_cni.deviceplugin.server import OPTIONS, Board, DevicePluginService, serve
 from rdma_cni.deviceplugin.status import PoolStatus, StatusFile
+from rdma_cni.devices.config import PluginConfig
 from rdma_cni.kube.dirwatch import DirWatch
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc

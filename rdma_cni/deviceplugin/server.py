@@ -1,7 +1,7 @@
 """The kubelet DevicePlugin service (v1beta1): carries the device model's answers over gRPC.
 
 Nothing here decides anything about devices: the list, the health, the preferred set and the
-allocation come from :mod:`rdma_cni.deviceplugin.inventory` and :mod:`rdma_cni.deviceplugin.allocation`.
+allocation come from :mod:`rdma_cni.devices.inventory` and :mod:`rdma_cni.devices.allocation`.
 This layer only turns them into kubelet's messages and keeps kubelet's rules:
 
 - ``ListAndWatch`` sends the full list at once and again on every change, and never ends while the
@@ -28,9 +28,9 @@ from typing import NoReturn
 
 import grpc
 
-from rdma_cni.deviceplugin import allocation, shared
-from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.pools import PoolSnapshot, SharedSnapshot, virtual_ids
+from rdma_cni.devices import allocation, shared
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.pools import PoolSnapshot, SharedSnapshot, virtual_ids
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -87,7 +87,7 @@ class Board:
 
 def device_list(snap: PoolSnapshot) -> pb.ListAndWatchResponse:
     """kubelet's view of ``snap``: every bond, its health, its NUMA node when it has one (numa >= 0);
-    for a shared pool, its ``count`` virtual devices (:mod:`rdma_cni.deviceplugin.shared`)."""
+    for a shared pool, its ``count`` virtual devices (:mod:`rdma_cni.devices.shared`)."""
     if isinstance(snap, SharedSnapshot):
         return shared_device_list(snap)
     healthy = {h.id: h.healthy for h in snap.health}

@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rdma_cni import durable
-from rdma_cni.deviceplugin.inventory import Snapshot
-from rdma_cni.deviceplugin.pools import PoolSnapshot, PoolSpec, SharedSnapshot
+from rdma_cni.devices.inventory import Snapshot
+from rdma_cni.devices.pools import PoolSnapshot, PoolSpec, SharedSnapshot
 
 log = logging.getLogger(__name__)
 

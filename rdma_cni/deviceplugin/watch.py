@@ -3,7 +3,7 @@
 The bond going down, losing its IPv4 address or disappearing arrives as a netlink event within
 milliseconds; the RDMA port state and the uverbs node have no event, so a rescan every
 ``cfg.rescan_interval_s`` (0.5 s by default) catches them. One scan serves every pool
-(:func:`~rdma_cni.deviceplugin.inventory.scan_pools`); each pool's change is published to its
+(:func:`~rdma_cni.devices.inventory.scan_pools`); each pool's change is published to its
 :class:`~rdma_cni.deviceplugin.server.Board` (which wakes its ListAndWatch streams) only when its
 snapshot differs, well within kubelet's 1 s budget.
 
@@ -18,11 +18,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
-from rdma_cni.deviceplugin import inventory
-from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.inventory import NodeScan, Snapshot
-from rdma_cni.deviceplugin.pools import PoolSnapshot, SharedSnapshot
 from rdma_cni.deviceplugin.server import Board
+from rdma_cni.devices import inventory
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.inventory import NodeScan, Snapshot
+from rdma_cni.devices.pools import PoolSnapshot, SharedSnapshot
 from rdma_cni.net.events import LinkEvents
 
 log = logging.getLogger(__name__)

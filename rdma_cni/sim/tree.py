@@ -10,11 +10,13 @@ Mirrors the capture in ``shared/fixtures/sysfs-rxe-6.1`` (Soft-RoCE devices name
     devices/virtual/infiniband/mlx5_bond_0/ports/1/gid_attrs/{types,ndevs}/<i>   only when non-empty
     class/infiniband_verbs/uverbs0 -> ../../devices/virtual/infiniband_verbs/uverbs0  (ibdev, dev)
     class/infiniband_mad/{umad0,issm0} -> ...  (ibdev, port, dev)           SimBond(mad=True)
-    devices/virtual/infiniband/mlx5_bond_0/device -> ../../../pci0000:00/0000:17:00.0  (numa_node)
-                                                                          SimBond(numa_node=N)
+    devices/virtual/infiniband/mlx5_bond_0/device -> ../../../pci0000:00/0000:00:01.0/0000:17:00.0
+                                                            (numa_node)   SimBond(numa_node=N)
       .../0000:17:00.0/{vendor,device} (0x15b3, 0x101d), driver -> bus/pci/drivers/mlx5_core
+      bus/pci/devices/0000:17:00.0 -> the function; 2 functions per PCIe root (pcie_root())
     class/misc/rdma_cm -> ../../devices/virtual/misc/rdma_cm  (dev)        build_tree(rdma_cm=True)
-    class/infiniband/mlx5_4 -> ../../devices/pci0000:00/0000:1b:00.0/infiniband/mlx5_4   add_ib_hca()
+    class/infiniband/mlx5_4 -> ../../devices/pci0000:40/0000:40:01.0/0000:1b:00.0/infiniband/mlx5_4
+                                                                          add_ib_hca()
       ports/1/link_layer InfiniBand, gids/0 the port GID (type "IB/RoCE v1", no ndev)
       .../0000:1b:00.0/net/ibs108 (type 32 = ARPHRD_INFINIBAND, dev_port 0) <- class/net/ibs108
     class/net/bond0 -> ../../devices/virtual/net/bond0 (address, ifindex, mtu, bonding/...)
@@ -187,13 +189,29 @@ def pci_address(n: int) -> str:
     return f"0000:{0x17 + n:02x}:00.0"
 
 
+FUNCTIONS_PER_ROOT = 2  # 8 NICs of a GPU node: 4 PCIe roots (2 per NUMA node), 2 NICs under each
+
+
+def pcie_root(n: int) -> str:
+    """The root complex PCI function ``n`` hangs under: ``pci0000:00``, ``pci0000:20`` ... for
+    functions 0-1, 2-3 ... (a GPU stand-in puts its GPUs under the same roots). The functions keep
+    their flat addresses (tests, configs and the demo name them), so the root buses do not bound
+    the functions' bus numbers as on a real node: nothing reads those ranges."""
+    return f"pci0000:{(0x20 * (n // FUNCTIONS_PER_ROOT)) % 0x100:02x}"
+
+
+def root_port(n: int) -> str:
+    """The root port between function ``n`` and its root complex: one per function."""
+    return f"0000:{pcie_root(n)[-2:]}:{1 + n % FUNCTIONS_PER_ROOT:02x}.0"
+
+
 MELLANOX = "0x15b3"
 CX6_DX = "0x101d"  # ConnectX-6 Dx (RoCE)
 CX6 = "0x101b"  # ConnectX-6 (InfiniBand HDR)
 
 
 def pci_dir(root: str, n: int) -> str:
-    return os.path.join(root, "devices", "pci0000:00", pci_address(n))
+    return os.path.join(root, "devices", pcie_root(n), root_port(n), pci_address(n))
 
 
 def write_pci_function(root: str, n: int, numa_node: int, device_id: str = CX6_DX,

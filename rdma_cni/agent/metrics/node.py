@@ -154,7 +154,7 @@ def _record_ipv4(rec: AttachmentRecord, bond: str) -> list[str]:
 
 def _numa(root: str, port: RdmaPort) -> str:
     """The device's NUMA node as the device plugin reads it (its PCI parent's ``numa_node``)."""
-    from rdma_cni.deviceplugin.inventory import numa_of
+    from rdma_cni.devices.inventory import numa_of
 
     node = numa_of(root, port.device)
     return "" if node is None else str(node)

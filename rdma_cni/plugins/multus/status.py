@@ -21,7 +21,6 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,14 +28,14 @@ from typing import Any
 from rdma_cni import durable
 from rdma_cni.cni.errors import CniError
 from rdma_cni.cni.result import Result, Route
-from rdma_cni.rdma import records, sysfs
+from rdma_cni.devices.pci import address_of
+from rdma_cni.rdma import records
 
 log = logging.getLogger("rdma_cni.multus")
 
 ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 DEVICE_INFO_VERSION = "1.0.0"
 STATS_FILE = os.path.join("stats", "network-status.json")
-_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 # (interface name) -> device-info object or None
 DeviceInfoFor = Callable[[str], dict[str, Any] | None]
@@ -101,7 +100,7 @@ def rdma_device_info(delegate_config: bytes, container_id: str) -> DeviceInfoFor
             return None
         device = record["device"]
         pci: dict[str, str] = {"rdma-device": device}
-        address = _pci_address(sysfs_root, device)
+        address = address_of(sysfs_root, device)
         if address:
             pci = {"pci-address": address, "rdma-device": device}
         rdma = {k: record[v] for k, v in (("port", "port"), ("gid-index", "gidIndex"), ("gid", "gid"))
@@ -222,11 +221,3 @@ def _macvlan_dirs(config: bytes) -> tuple[str | None, str]:
                 sysfs_root if isinstance(sysfs_root, str) and sysfs_root else "/sys",
             )
     return None, "/sys"
-
-
-def _pci_address(sysfs_root: str, device: str) -> str:
-    """The PCI function behind an RDMA device (``class/infiniband/<dev>/device``), if it is one."""
-    if "/" in device or device in (".", ".."):
-        return ""
-    name = sysfs.bus_device(sysfs.device_dir(sysfs_root, device)) or ""
-    return name if _PCI_ADDRESS.match(name) else ""

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.deviceplugin import shared
-from rdma_cni.deviceplugin.allocation import AllocationError
-from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.hca import Hca, read_hcas
-from rdma_cni.deviceplugin.health import HcaObservation, evaluate_hca
-from rdma_cni.deviceplugin.model import DeviceHealth
-from rdma_cni.deviceplugin.pools import (
+from rdma_cni.deviceplugin.server import device_list
+from rdma_cni.devices import shared
+from rdma_cni.devices.allocation import AllocationError
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.hca import Hca, read_hcas
+from rdma_cni.devices.health import HcaObservation, evaluate_hca
+from rdma_cni.devices.model import DeviceHealth
+from rdma_cni.devices.pools import (
     EXCLUSIVE,
     SHARED,
     PoolSpec,
@@ -24,8 +25,7 @@ from rdma_cni.deviceplugin.pools import (
     shared_members,
     virtual_ids,
 )
-from rdma_cni.deviceplugin.selectors import Selectors, parse_selectors
-from rdma_cni.deviceplugin.server import device_list
+from rdma_cni.devices.selectors import Selectors, parse_selectors
 from rdma_cni.sim.tree import SimBond, SimIbHca, add_ib_hca, build_tree, pci_dir, put
 
 ROCE = [f"mlx5_bond_{i}" for i in range(4)]
@@ -261,8 +261,8 @@ def test_an_hca_of_an_exclusive_pool_in_another_pool_is_a_conflict_naming_both()
 def test_an_exclusive_pool_with_selectors_holds_its_bonds_and_keeps_a_vanished_one(
     tree: tuple[str, str],
 ) -> None:
-    from rdma_cni.deviceplugin.model import RdmaBond, Snapshot
-    from rdma_cni.deviceplugin.pools import exclusive_members
+    from rdma_cni.devices.model import RdmaBond, Snapshot
+    from rdma_cni.devices.pools import exclusive_members
 
     bonds = Snapshot(
         tuple(RdmaBond(d, f"bond{i}", 1, i // 2, f"uverbs{i}") for i, d in enumerate(ROCE)), healthy(ROCE)

@@ -1,5 +1,6 @@
-"""Which RDMA bonds this node has and how each is doing: one read of sysfs, the dev root, netlink of
-the current netns and rdma-macvlan's attachment records.
+"""Which RDMA bonds this node has, where each sits (NUMA node, PCI address, PCIe root) and how each
+is doing: one read of sysfs, the dev root, netlink of the current netns and rdma-macvlan's
+attachment records.
 
 Discovery follows rdma-macvlan exactly: the bonds are the ``masters`` of its config, or, without
 it, every netdev backing a RoCE port (:func:`rdma_cni.rdma.sysfs.default_masters`); each
@@ -26,13 +27,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rdma_cni.deviceplugin import hca as hca_inventory
-from rdma_cni.deviceplugin import pools as pools_model
-from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.hca import Hca, mad_devices
-from rdma_cni.deviceplugin.health import HcaObservation, Holder, Observation, evaluate, evaluate_hca
-from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot, natural_key
-from rdma_cni.deviceplugin.pools import (
+from rdma_cni.devices import hca as hca_inventory
+from rdma_cni.devices import pools as pools_model
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.hca import Hca, mad_devices
+from rdma_cni.devices.health import HcaObservation, Holder, Observation, evaluate, evaluate_hca
+from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot, natural_key
+from rdma_cni.devices.pci import address_of, pcie_root
+from rdma_cni.devices.pools import (
     PoolSnapshot,
     PoolSpec,
     SharedSnapshot,
@@ -113,6 +115,8 @@ def discover(cfg: PluginConfig, previous: Snapshot | None = None) -> tuple[RdmaB
             uverbs=port.uverbs,
             umad=umad,
             issm=issm,
+            pci=(address := address_of(cfg.sysfs_root, port.device)),
+            pcie_root=pcie_root(cfg.sysfs_root, address),
         )
     claimed = {b.netdev for b in found.values()}
     for old in previous.bonds if previous is not None else ():
@@ -324,7 +328,7 @@ class NodeScan:
 
 
 def scan_pools(cfg: PluginConfig, specs: Sequence[PoolSpec], previous: NodeScan | None = None) -> NodeScan:
-    """The node now, per pool (:mod:`rdma_cni.deviceplugin.pools` decides who holds what). An HCA of
+    """The node now, per pool (:mod:`rdma_cni.devices.pools` decides who holds what). An HCA of
     an exclusive pool that another pool selects too is left out of the other one: the start refuses
     such a config (the daemon raises on ``conflicts``), a rescan logs each new one."""
     bonds = scan(cfg, previous.bonds if previous is not None else None)

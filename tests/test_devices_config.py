@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rdma_cni.deviceplugin.config import (
+from rdma_cni.devices.config import (
     DEFAULT_RESOURCE,
     ConfigError,
     NetnsModeError,

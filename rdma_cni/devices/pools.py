@@ -1,7 +1,7 @@
 """Pools: each one resource of its own, exclusive (one device per RDMA bond, today's model) or
 shared (``count`` virtual devices that all stand for the same set of HCAs).
 
-Pure decisions on what one scan read (:func:`rdma_cni.deviceplugin.inventory.scan_pools` reads
+Pure decisions on what one scan read (:func:`rdma_cni.devices.inventory.scan_pools` reads
 it): which HCAs and bonds each pool holds, and the snapshot each pool's ListAndWatch carries.
 
 - A pool without selectors holds the bonds of ``masters`` (the CNI config's; without one, every
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rdma_cni.deviceplugin.hca import Hca
-from rdma_cni.deviceplugin.model import DeviceHealth, Snapshot, natural_key
-from rdma_cni.deviceplugin.selectors import Selectors
+from rdma_cni.devices.hca import Hca
+from rdma_cni.devices.model import DeviceHealth, Snapshot, natural_key
+from rdma_cni.devices.selectors import Selectors
 
 EXCLUSIVE, SHARED = "exclusive", "shared"
 MODES = (EXCLUSIVE, SHARED)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rdma_cni.deviceplugin.hca import Hca
-from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond
+from rdma_cni.devices.hca import Hca
+from rdma_cni.devices.model import DeviceHealth, RdmaBond
 
 
 @dataclass(frozen=True)

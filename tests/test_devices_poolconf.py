@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import seed002
 
-from rdma_cni.deviceplugin.config import DEFAULT_RESOURCE, ConfigError, load_config
-from rdma_cni.deviceplugin.pools import EXCLUSIVE, SHARED, PoolSpec
-from rdma_cni.deviceplugin.selectors import Selectors
+from rdma_cni.devices.config import DEFAULT_RESOURCE, ConfigError, load_config
+from rdma_cni.devices.pools import EXCLUSIVE, SHARED, PoolSpec
+from rdma_cni.devices.selectors import Selectors
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The device plugin's configuration error: kept apart from :mod:`~rdma_cni.deviceplugin.config` so
+"""The device plugin's configuration error: kept apart from :mod:`~rdma_cni.devices.config` so
 the readers of its parts (pool selectors, pool lists) raise the same one-sentence error."""
 
 from __future__ import annotations

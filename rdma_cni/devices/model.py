@@ -1,7 +1,7 @@
 """The device model's values: one RDMA bond, its health, and one scan of the node.
 
-Kept apart from :mod:`rdma_cni.deviceplugin.inventory` (which reads the node) so the pure
-decisions (:mod:`~rdma_cni.deviceplugin.health`, :mod:`~rdma_cni.deviceplugin.allocation`) and
+Kept apart from :mod:`rdma_cni.devices.inventory` (which reads the node) so the pure
+decisions (:mod:`~rdma_cni.devices.health`, :mod:`~rdma_cni.devices.allocation`) and
 the gRPC layer share them without importing the readers. ``inventory`` re-exports them.
 """
 
@@ -23,6 +23,8 @@ class RdmaBond:
     uverbs: str | None  # "uverbs3": the char device a pod opens (/dev/infiniband/uverbs3)
     umad: tuple[str, ...] = ()
     issm: tuple[str, ...] = ()
+    pci: str | None = None  # "0000:17:00.0": the RDMA device's PCI function; None when virtual
+    pcie_root: str | None = None  # "pci0000:00": the root complex above it (what DRA's pcieRoot names)
 
 
 @dataclass(frozen=True)

@@ -24,16 +24,16 @@ import logging
 import os
 from collections.abc import Sequence
 
-from rdma_cni.deviceplugin.allocation import (
+from rdma_cni.devices.allocation import (
     RDMA_CM,
     AllocationError,
     ContainerAllocation,
     DeviceSpec,
     dev_spec,
 )
-from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.hca import Hca
-from rdma_cni.deviceplugin.pools import SharedSnapshot
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.hca import Hca
+from rdma_cni.devices.pools import SharedSnapshot
 
 log = logging.getLogger("rdma_cni.deviceplugin")
 

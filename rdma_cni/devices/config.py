@@ -34,9 +34,9 @@ from typing import Any
 
 from rdma_cni.cni.errors import CniError
 from rdma_cni.delegate_config import DEFAULT_RUN_DIR, parse_status_config
-from rdma_cni.deviceplugin import poolconf
-from rdma_cni.deviceplugin.errors import ConfigError as ConfigError  # re-exported: callers know it here
-from rdma_cni.deviceplugin.pools import DEFAULT_SHARED_COUNT, EXCLUSIVE, MODES, SHARED, PoolSpec
+from rdma_cni.devices import poolconf
+from rdma_cni.devices.errors import ConfigError as ConfigError  # re-exported: callers know it here
+from rdma_cni.devices.pools import DEFAULT_SHARED_COUNT, EXCLUSIVE, MODES, SHARED, PoolSpec
 from rdma_cni.rdma import mode as rdma_mode
 
 log = logging.getLogger("rdma_cni.deviceplugin")

@@ -1,6 +1,6 @@
-"""The pool lists a config file may hold, read into :class:`~rdma_cni.deviceplugin.pools.PoolSpec`.
+"""The pool lists a config file may hold, read into :class:`~rdma_cni.devices.pools.PoolSpec`.
 
-Two forms (the third, ``mode: shared``, is one key of :mod:`~rdma_cni.deviceplugin.config`):
+Two forms (the third, ``mode: shared``, is one key of :mod:`~rdma_cni.devices.config`):
 
 ``pools:`` in our own config::
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-from rdma_cni.deviceplugin.errors import ConfigError
-from rdma_cni.deviceplugin.pools import DEFAULT_SHARED_COUNT, EXCLUSIVE, MODES, SHARED, PoolSpec
-from rdma_cni.deviceplugin.selectors import Selectors, parse_if_names, parse_selectors
+from rdma_cni.devices.errors import ConfigError
+from rdma_cni.devices.pools import DEFAULT_SHARED_COUNT, EXCLUSIVE, MODES, SHARED, PoolSpec
+from rdma_cni.devices.selectors import Selectors, parse_if_names, parse_selectors
 
 MAX_COUNT = 100_000  # a ListAndWatch message lists every device: 100k stay well inside gRPC's 4 MiB
 MELLANOX_KEYS = ("configList", "periodicUpdateInterval")

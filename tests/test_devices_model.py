@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from netns import Node, sh
 
-from rdma_cni.deviceplugin import allocation, inventory
-from rdma_cni.deviceplugin.allocation import AllocationError, allocate, preferred
-from rdma_cni.deviceplugin.config import PluginConfig, load_config
-from rdma_cni.deviceplugin.health import Holder
-from rdma_cni.deviceplugin.model import DeviceHealth, RdmaBond, Snapshot
+from rdma_cni.devices import allocation, inventory
+from rdma_cni.devices.allocation import AllocationError, allocate, preferred
+from rdma_cni.devices.config import PluginConfig, load_config
+from rdma_cni.devices.health import Holder
+from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot
 from rdma_cni.net.netns import entered, open_netns
 from rdma_cni.sim import devnodes, tree
 from rdma_cni.sim.fixture import materialise
@@ -126,7 +126,8 @@ def test_discovery_gives_one_device_per_bond_with_numa_and_char_devices(make_rig
     rig = make_rig(8, NUMA8)
     snap = rig.scan()
     assert [b.id for b in snap.bonds] == ids(8)
-    assert snap.bonds[5] == RdmaBond("mlx5_bond_5", "bond5", 1, 1, "uverbs5", ("umad5",), ("issm5",))
+    assert snap.bonds[5] == RdmaBond("mlx5_bond_5", "bond5", 1, 1, "uverbs5", ("umad5",), ("issm5",),
+                                     "0000:1c:00.0", "pci0000:40")
     assert [b.numa for b in snap.bonds] == list(NUMA8)
     assert all(h.healthy for h in snap.health), snap.health
 

@@ -1,6 +1,6 @@
 """Every RDMA device (HCA) of the node as a pool selector sees it: one read of sysfs.
 
-A pool (:mod:`rdma_cni.deviceplugin.pools`) picks HCAs by what Mellanox's selectors name: the PCI
+A pool (:mod:`rdma_cni.devices.pools`) picks HCAs by what Mellanox's selectors name: the PCI
 vendor and device IDs, the PCI driver, the PCI address, the port's link layer and the HCA's
 netdevs. All of it is in sysfs, laid out as the kernel lays it out for a PCI function::
 
@@ -21,15 +21,14 @@ A virtual device (Soft-RoCE) has no PCI parent: its PCI fields are None and only
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
-from rdma_cni.deviceplugin.model import natural_key
+from rdma_cni.devices.model import natural_key
+from rdma_cni.devices.pci import address_of, pcie_root
 from rdma_cni.rdma import sysfs
 
 ARPHRD_INFINIBAND = 32
 ETHERNET, INFINIBAND = "Ethernet", "InfiniBand"
-_PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,7 @@ class Hca:
     uverbs: str | None  # "uverbs4"
     umad: tuple[str, ...] = ()
     issm: tuple[str, ...] = ()
+    pcie_root: str | None = None  # "pci0000:00": the root complex above ``pci`` (:mod:`.pci`)
 
     @property
     def infiniband(self) -> bool:
@@ -138,8 +138,8 @@ def read_hca(
     port = ports[0]
     link_layer = _read(os.path.join(sysfs.port_dir(sysfs_root, device, port), "link_layer")) or "UNKNOWN"
     parent = os.path.join(sysfs.device_dir(sysfs_root, device), "device")
-    pci = sysfs.bus_device(sysfs.device_dir(sysfs_root, device))
-    on_pci = pci is not None and bool(_PCI_ADDRESS.fullmatch(pci))
+    pci = address_of(sysfs_root, device)
+    on_pci = pci is not None
     own = _pci_netdevs(parent, port) if os.path.isdir(parent) else []
     gid_ndev = _read(os.path.join(sysfs.port_dir(sysfs_root, device, port), "gid_attrs", "ndevs", "0"))
     if link_layer == INFINIBAND:
@@ -160,7 +160,7 @@ def read_hca(
         link_layer=link_layer,
         netdev=netdev,
         netdevs=tuple(dict.fromkeys(names)),
-        pci=pci if on_pci else None,
+        pci=pci,
         vendor=pci_id(_read(os.path.join(parent, "vendor"))) if on_pci else None,
         device_id=pci_id(_read(os.path.join(parent, "device"))) if on_pci else None,
         driver=_link_name(os.path.join(parent, "driver")) if on_pci else None,
@@ -168,6 +168,7 @@ def read_hca(
         uverbs=uverbs.get(device),
         umad=umad,
         issm=issm,
+        pcie_root=pcie_root(sysfs_root, pci),
     )
 
 

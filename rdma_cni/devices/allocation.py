@@ -24,8 +24,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rdma_cni.deviceplugin.config import PluginConfig
-from rdma_cni.deviceplugin.model import RdmaBond, Snapshot, natural_key
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.model import RdmaBond, Snapshot, natural_key
 from rdma_cni.rdma import sysfs
 
 log = logging.getLogger("rdma_cni.deviceplugin")
@@ -229,7 +229,7 @@ def common_gid_index(cfg: PluginConfig, bonds: Sequence[RdmaBond]) -> int | None
 
 def host_gid_indexes(cfg: PluginConfig, bonds: Sequence[RdmaBond]) -> dict[str, int | None]:
     """device ID -> the host's RoCE v2 IPv4 GID index, read now (see the module doc)."""
-    from rdma_cni.deviceplugin.inventory import host_ipv4
+    from rdma_cni.devices.inventory import host_ipv4
 
     addrs = host_ipv4(b.netdev for b in bonds)
     recorded: dict[str, int] | None = None

@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rdma_cni.deviceplugin.errors import ConfigError
-from rdma_cni.deviceplugin.hca import ETHERNET, INFINIBAND, Hca, pci_id
+from rdma_cni.devices.errors import ConfigError
+from rdma_cni.devices.hca import ETHERNET, INFINIBAND, Hca, pci_id
 
 LINK_TYPES = {
     "ether": ETHERNET,
