@@ -1,0 +1,200 @@
+"""``up``, ``down`` and ``status`` of the test cluster; what ``up`` made is recorded in a state file
+as it is made, so ``down`` (also after a failure, a SIGTERM, or a run killed with -9 and swept by the
+next ``up``) removes exactly that: processes by pid, mounts, namespaces, cgroups, files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster import control_plane, procs, topology as topo
+from cluster import node as nodemod
+from cluster.build import Binaries, binaries
+from cluster.node import RUN, WORK, Node
+from cluster.procs import Proc, StartError
+
+log = logging.getLogger("cluster")
+STATE = RUN / "state.json"
+
+
+@dataclass
+class State:
+    nodes: int = 0
+    netns: list[str] = field(default_factory=list)
+    procs: list[Proc] = field(default_factory=list)
+    mntns: list[str] = field(default_factory=list)
+    mountpoints: list[str] = field(default_factory=list)  # host dirs up created as mount points
+    cgroups: list[str] = field(default_factory=list)
+
+    def save(self) -> None:
+        RUN.mkdir(parents=True, exist_ok=True)
+        doc = {"nodes": self.nodes, "netns": self.netns, "procs": procs.dump(self.procs), "mntns": self.mntns,
+               "mountpoints": self.mountpoints, "cgroups": self.cgroups}
+        procs.json_dump(STATE, doc)
+
+    @classmethod
+    def load(cls) -> State:
+        try:
+            doc: dict[str, Any] = json.loads(STATE.read_text())
+        except (OSError, ValueError):
+            return cls()
+        return cls(doc["nodes"], doc["netns"], procs.load(doc["procs"]), doc["mntns"], doc["mountpoints"],
+                   doc["cgroups"])
+
+
+def kubectl_argv(bins: Binaries, *args: str) -> list[str]:
+    """kubectl as the cluster's admin, from node 1's netns (the API server listens only there)."""
+    return ["ip", "netns", "exec", topo.node_netns(1), bins.path("kubectl"),
+            f"--kubeconfig={WORK / 'pki' / 'admin.kubeconfig'}", *args]
+
+
+def kubectl(bins: Binaries, *args: str, check: bool = True, stdin: str | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(kubectl_argv(bins, *args), capture_output=True, text=True, input=stdin,
+                          timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
+    return proc
+
+
+def up(n_nodes: int = 1, registry_hook: Any = None) -> State:
+    """The whole cluster; on any failure everything made so far is removed and the error re-raised."""
+    if not 1 <= n_nodes <= topo.MAX_NODES:
+        raise ValueError(f"--nodes {n_nodes}: 1 or {topo.MAX_NODES} (two nodes' bonds fill 198.51.100.0/24)")
+    down()  # sweeps what a run killed with -9 left
+    bins = binaries()
+    for name in ("kube-apiserver", "kubelet", "etcd", "containerd"):
+        bins.path(name)  # says "run scripts/cluster build" when one is missing
+    st = State(nodes=n_nodes)
+    t0 = time.monotonic()
+    try:
+        _up(st, bins, n_nodes, registry_hook)
+    except BaseException:
+        log.error("up failed: removing what it made")
+        down()
+        raise
+    log.info("cluster up in %.1f s: %d node(s)", time.monotonic() - t0, n_nodes)
+    return st
+
+
+def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any) -> None:
+    logs = WORK / "logs"
+    pki = WORK / "pki"
+    logs.mkdir(parents=True, exist_ok=True)
+    st.netns.append(topo.FABRIC)
+    st.save()
+    topo.make_fabric()
+    nodes = [Node(n) for n in range(1, n_nodes + 1)]
+    st.mountpoints = nodemod.mountpoints_to_make()
+    st.save()
+    for p in st.mountpoints:
+        os.makedirs(p, exist_ok=True)
+    for nd in nodes:
+        st.netns.append(nd.netns)
+        st.mntns.append(nd.mntns)
+        st.save()
+        topo.make_node_net(nd.n)
+        nodemod.make_mount_ns(nd)
+        nodemod.mount_node_view(nd)
+        st.cgroups += nodemod.make_cgroups(nd)
+        st.save()
+        st.procs.append(nodemod.start_sim(nd, logs / nd.name))
+        st.save()
+        nodemod.mount_sys(nd)
+        nodemod.cluster_network_config(nd)
+    if registry_hook is not None:
+        st.procs += registry_hook()
+        st.save()
+    control_plane.make_pki(pki, n_nodes)
+    st.procs += control_plane.start(bins, pki, WORK / "data", logs, topo.node_netns(1))
+    st.save()
+    for nd in nodes:
+        st.procs.append(nodemod.start_containerd(nd, bins, topo.REGISTRY, logs / nd.name))
+        st.save()
+        st.procs.append(nodemod.start_kube_proxy(nd, bins, pki, logs / nd.name))
+        st.procs.append(nodemod.start_kubelet(nd, bins, pki, logs / nd.name))
+        st.save()
+    for nd in nodes:
+        kubelet = next(p for p in st.procs if p.name == f"{nd.name}/kubelet")
+        procs.wait_for(f"node {nd.name} registered", lambda nd=nd: kubectl(bins, "get", "node", nd.name,
+                                                                           check=False).returncode == 0,
+                       120, kubelet)
+
+
+def down() -> None:
+    """Remove everything the recorded (or a swept) run made. Safe to call twice."""
+    st = State.load()
+    procs.stop(st.procs)
+    # processes left in the nodes' cgroups: containers and shims started by the runtime we ran
+    for cg in st.cgroups:
+        _kill_cgroup_tree(Path(cg))
+    for mnt in st.mntns:
+        subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
+        with contextlib.suppress(OSError):
+            os.unlink(mnt)
+    topo.remove_netns(sorted(set(st.netns) | set(topo.leftover_netns())))
+    for cg in sorted(st.cgroups, key=len, reverse=True):
+        _rmdir_tree(Path(cg))
+    for p in st.mountpoints:
+        with contextlib.suppress(OSError):
+            os.rmdir(p)
+    _umount_under(WORK)
+    shutil.rmtree(WORK, ignore_errors=True)
+    if nodemod.NS_DIR.exists():
+        subprocess.run(["umount", "-l", str(nodemod.NS_DIR)], capture_output=True, check=False)
+    shutil.rmtree(RUN, ignore_errors=True)
+
+
+def _kill_cgroup_tree(root: Path) -> None:
+    """SIGKILL every task under the node's cgroup root: pods and shims the node's runtime started."""
+    if not root.exists():
+        return
+    for _ in range(20):
+        pids = {int(x) for f in root.rglob("cgroup.procs") for x in f.read_text().split()}
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        time.sleep(0.2)
+
+
+def _rmdir_tree(root: Path) -> None:
+    if not root.exists():
+        return
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
+
+
+def _umount_under(root: Path) -> None:
+    """Mounts under the work dir seen from the host (overlay snapshots, pod volumes), deepest first."""
+    if not root.exists():
+        return
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(str(root))), key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True, check=False)
+
+
+def status() -> str:
+    st = State.load()
+    if not st.procs:
+        return "cluster: down"
+    lines = [f"cluster: {st.nodes} node(s)"]
+    for p in st.procs:
+        lines.append(f"  {p.name:40s} pid {p.pid:7d} {'running' if procs.alive(p) else 'DEAD'}  log {p.log}")
+    return "\n".join(lines)
+
+
+__all__ = ["StartError", "State", "down", "kubectl", "kubectl_argv", "status", "up"]
