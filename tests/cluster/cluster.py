@@ -66,6 +66,18 @@ def kubectl(bins: Binaries, *args: str, check: bool = True, stdin: str | None = 
     return proc
 
 
+GPU = "nvidia.com/gpu"
+RDMA = "tke.cloud.tencent.com/tke-shared-rdma"
+
+
+def capacity(bins: Binaries, node: str, resource: str, field: str = "capacity") -> int:
+    """A node's capacity (or allocatable) of an extended resource, as the API server has it."""
+    out = kubectl(bins, "get", "node", node, "-o", "json", check=False)
+    if out.returncode != 0:
+        return -1
+    return int(json.loads(out.stdout)["status"].get(field, {}).get(resource, "0"))
+
+
 def up(n_nodes: int = 1, registry_hook: Any = None) -> State:
     """The whole cluster; on any failure everything made so far is removed and the error re-raised."""
     if not 1 <= n_nodes <= topo.MAX_NODES:
@@ -128,6 +140,12 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any) -> None:
         procs.wait_for(f"node {nd.name} registered", lambda nd=nd: kubectl(bins, "get", "node", nd.name,
                                                                            check=False).returncode == 0,
                        120, kubelet)
+        st.procs.append(nodemod.start_gpu_plugin(nd, logs / nd.name))
+        st.save()
+    for nd in nodes:
+        gpu = next(p for p in st.procs if p.name == f"{nd.name}/gpu-plugin")
+        procs.wait_for(f"{nd.name}'s nvidia.com/gpu capacity", lambda nd=nd: capacity(bins, nd.name, GPU) == 8,
+                       60, gpu)
 
 
 def down() -> None:

@@ -30,6 +30,7 @@ import yaml
 
 from cluster import topology as topo
 from cluster.build import CNI_PLUGINS, RUNC, Binaries
+from cluster.numa_tree import build_numa_tree
 from cluster.procs import Proc, spawn, wait_for
 
 WORK = Path(os.environ.get("RDMA_CNI_CLUSTER_WORK", "/var/lib/rdma-cni-cluster"))
@@ -181,8 +182,11 @@ def start_sim(node: Node, log_dir: Path) -> Proc:
 
 
 def mount_sys(node: Node) -> None:
-    """The simulated tree as the node's /sys, with the kernel's own pieces bound into it."""
+    """The simulated tree as the node's /sys, with the kernel's own pieces bound into it, and 2 NUMA
+    nodes (cluster.numa_tree) where kubelet's cadvisor looks for them: the machine has one, the
+    simulated bonds sit on two, and the topology manager aligns only over what cadvisor reports."""
     real = node.work / "host-sys"
+    numa = build_numa_tree(node.work / "numa", 2)
     mk = "\n".join(f"mkdir -p {node.sys_tree / r}" for r in REAL_SYS)
     binds = "\n".join(f"[ -e {real / r} ] && mount --rbind {real / r} /sys/{r} || true" for r in REAL_SYS)
     node.run(f"""
@@ -191,6 +195,7 @@ mount --rbind /sys {real}
 {mk}
 mount --bind {node.sys_tree} /sys
 {binds}
+mount --bind {numa} /sys/devices/system/node
 mount --make-rshared /
 """)
 
@@ -309,6 +314,15 @@ def start_kubelet(node: Node, bins: Binaries, pki: Path, log_dir: Path) -> Proc:
             f"--hostname-override={node.name}", f"--node-ip={topo.node_ip(node.n)}", "--root-dir=/var/lib/kubelet",
             "--node-labels=", "-v=2"]
     return spawn(f"{node.name}/kubelet", argv, log_dir / "kubelet.log", node.netns, node.mntns)
+
+
+def start_gpu_plugin(node: Node, log_dir: Path) -> Proc:
+    """The stand-in nvidia.com/gpu device plugin (cluster.gpu_plugin): 8 GPUs on the node's NUMA
+    nodes and PCIe roots, so kubelet aligns the seed pod's GPUs and bonds."""
+    argv = [sys.executable, "-m", "cluster.gpu_plugin", "--device-plugin-dir", "/var/lib/kubelet/device-plugins"]
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=f"{repo / 'tests'}:{repo}")
+    return spawn(f"{node.name}/gpu-plugin", argv, log_dir / "gpu-plugin.log", node.netns, node.mntns, env)
 
 
 def start_kube_proxy(node: Node, bins: Binaries, pki: Path, log_dir: Path) -> Proc:
