@@ -64,8 +64,9 @@ def go_build(b: GoBuild) -> Path:
         cmd = ["go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", f"{out}/"]
         if b.tags:
             cmd += ["-tags", b.tags]
-        proc = subprocess.run([*cmd, *b.packages], cwd=b.gomod_dir, env=env, capture_output=True, text=True,
-                              check=False)
+        proc = subprocess.run(
+            [*cmd, *b.packages], cwd=b.gomod_dir, env=env, capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
             raise BuildError(f"{b.name} {b.version}: go build failed:\n{proc.stderr[-4000:]}")
         for made, called in b.rename:
@@ -82,14 +83,22 @@ def go_build(b: GoBuild) -> Path:
 
 def ensure_debian_tools() -> None:
     """iptables for kube-proxy, runc and the reference CNI plugins: from Debian, as a node has them."""
-    missing = [p for p in DEBIAN_TOOLS
-               if subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True,
-                                 check=False).stdout.find("install ok installed") < 0]
+    missing = [
+        p
+        for p in DEBIAN_TOOLS
+        if subprocess.run(
+            ["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True, check=False
+        ).stdout.find("install ok installed")
+        < 0
+    ]
     if missing:
         log.info("installing Debian packages: %s", " ".join(missing))
         subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True,
-                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", *missing],
+            check=True,
+            env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+        )
 
 
 def build_all() -> Binaries:
@@ -106,4 +115,4 @@ def binaries() -> Binaries:
     return Binaries(tuple(b.bin_dir for b in BUILDS))
 
 
-__all__ = ["CACHE_ROOT", "CNI_PLUGINS", "RUNC", "BuildError", "Binaries", "binaries", "build_all", "go_build"]
+__all__ = ["CACHE_ROOT", "CNI_PLUGINS", "RUNC", "Binaries", "BuildError", "binaries", "build_all", "go_build"]

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import control_plane, procs, topology as topo
+from cluster import control_plane, procs
 from cluster import node as nodemod
+from cluster import topology as topo
 from cluster.build import Binaries, binaries
 from cluster.node import RUN, WORK, Node
 from cluster.procs import Proc, StartError
@@ -37,8 +38,14 @@ class State:
 
     def save(self) -> None:
         RUN.mkdir(parents=True, exist_ok=True)
-        doc = {"nodes": self.nodes, "netns": self.netns, "procs": procs.dump(self.procs), "mntns": self.mntns,
-               "mountpoints": self.mountpoints, "cgroups": self.cgroups}
+        doc = {
+            "nodes": self.nodes,
+            "netns": self.netns,
+            "procs": procs.dump(self.procs),
+            "mntns": self.mntns,
+            "mountpoints": self.mountpoints,
+            "cgroups": self.cgroups,
+        }
         procs.json_dump(STATE, doc)
 
     @classmethod
@@ -47,20 +54,35 @@ class State:
             doc: dict[str, Any] = json.loads(STATE.read_text())
         except (OSError, ValueError):
             return cls()
-        return cls(doc["nodes"], doc["netns"], procs.load(doc["procs"]), doc["mntns"], doc["mountpoints"],
-                   doc["cgroups"])
+        return cls(
+            doc["nodes"],
+            doc["netns"],
+            procs.load(doc["procs"]),
+            doc["mntns"],
+            doc["mountpoints"],
+            doc["cgroups"],
+        )
 
 
 def kubectl_argv(bins: Binaries, *args: str) -> list[str]:
     """kubectl as the cluster's admin, from node 1's netns (the API server listens only there)."""
-    return ["ip", "netns", "exec", topo.node_netns(1), bins.path("kubectl"),
-            f"--kubeconfig={WORK / 'pki' / 'admin.kubeconfig'}", *args]
+    return [
+        "ip",
+        "netns",
+        "exec",
+        topo.node_netns(1),
+        bins.path("kubectl"),
+        f"--kubeconfig={WORK / 'pki' / 'admin.kubeconfig'}",
+        *args,
+    ]
 
 
-def kubectl(bins: Binaries, *args: str, check: bool = True, stdin: str | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(kubectl_argv(bins, *args), capture_output=True, text=True, input=stdin,
-                          timeout=timeout, check=False)
+def kubectl(
+    bins: Binaries, *args: str, check: bool = True, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        kubectl_argv(bins, *args), capture_output=True, text=True, input=stdin, timeout=timeout, check=False
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
     return proc
@@ -137,15 +159,19 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any) -> None:
         st.save()
     for nd in nodes:
         kubelet = next(p for p in st.procs if p.name == f"{nd.name}/kubelet")
-        procs.wait_for(f"node {nd.name} registered", lambda nd=nd: kubectl(bins, "get", "node", nd.name,
-                                                                           check=False).returncode == 0,
-                       120, kubelet)
+        procs.wait_for(
+            f"node {nd.name} registered",
+            lambda nd=nd: kubectl(bins, "get", "node", nd.name, check=False).returncode == 0,
+            120,
+            kubelet,
+        )
         st.procs.append(nodemod.start_gpu_plugin(nd, logs / nd.name))
         st.save()
     for nd in nodes:
         gpu = next(p for p in st.procs if p.name == f"{nd.name}/gpu-plugin")
-        procs.wait_for(f"{nd.name}'s nvidia.com/gpu capacity", lambda nd=nd: capacity(bins, nd.name, GPU) == 8,
-                       60, gpu)
+        procs.wait_for(
+            f"{nd.name}'s nvidia.com/gpu capacity", lambda nd=nd: capacity(bins, nd.name, GPU) == 8, 60, gpu
+        )
 
 
 def down() -> None:

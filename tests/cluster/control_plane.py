@@ -27,9 +27,16 @@ def api_url() -> str:
 def make_pki(d: Path, nodes: int) -> None:
     pkimod.make_ca(d)
     pkimod.service_account_keys(d)
-    api_sans = ("DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
-                "DNS:kubernetes.default.svc.cluster.local", "DNS:localhost", f"IP:{topo.KUBERNETES_SERVICE_IP}",
-                f"IP:{topo.node_ip(1)}", "IP:127.0.0.1")
+    api_sans = (
+        "DNS:kubernetes",
+        "DNS:kubernetes.default",
+        "DNS:kubernetes.default.svc",
+        "DNS:kubernetes.default.svc.cluster.local",
+        "DNS:localhost",
+        f"IP:{topo.KUBERNETES_SERVICE_IP}",
+        f"IP:{topo.node_ip(1)}",
+        "IP:127.0.0.1",
+    )
     ids = [
         Identity("apiserver", "kube-apiserver", sans=api_sans, server=True),
         Identity("etcd-server", "etcd", sans=("DNS:localhost", "IP:127.0.0.1"), server=True),
@@ -40,69 +47,139 @@ def make_pki(d: Path, nodes: int) -> None:
         Identity("scheduler", "system:kube-scheduler"),
         Identity("kube-proxy", "system:kube-proxy", ("system:node-proxier",)),
     ]
-    ids += [Identity(f"kubelet-{topo.node_name(n)}", f"system:node:{topo.node_name(n)}", ("system:nodes",))
-            for n in range(1, nodes + 1)]
+    ids += [
+        Identity(f"kubelet-{topo.node_name(n)}", f"system:node:{topo.node_name(n)}", ("system:nodes",))
+        for n in range(1, nodes + 1)
+    ]
     for who in ids:
         pkimod.issue(d, who)
     ca = d / "ca.crt"
-    for stem, user in (("admin", "kubernetes-admin"), ("controller-manager", "system:kube-controller-manager"),
-                       ("scheduler", "system:kube-scheduler"), ("kube-proxy", "system:kube-proxy")):
+    for stem, user in (
+        ("admin", "kubernetes-admin"),
+        ("controller-manager", "system:kube-controller-manager"),
+        ("scheduler", "system:kube-scheduler"),
+        ("kube-proxy", "system:kube-proxy"),
+    ):
         pkimod.kubeconfig(d / f"{stem}.kubeconfig", api_url(), ca, d / f"{stem}.crt", d / f"{stem}.key", user)
     for n in range(1, nodes + 1):
         stem = f"kubelet-{topo.node_name(n)}"
-        pkimod.kubeconfig(d / f"{stem}.kubeconfig", api_url(), ca, d / f"{stem}.crt", d / f"{stem}.key",
-                          f"system:node:{topo.node_name(n)}")
+        pkimod.kubeconfig(
+            d / f"{stem}.kubeconfig",
+            api_url(),
+            ca,
+            d / f"{stem}.crt",
+            d / f"{stem}.key",
+            f"system:node:{topo.node_name(n)}",
+        )
 
 
 def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list[Proc]:
     """The four components in order, each waited for; a failure names the component with its log."""
     procs: list[Proc] = []
-    etcd = spawn("etcd", [
-        bins.path("etcd"), "--name=rcl", f"--data-dir={data / 'etcd'}",
-        "--listen-client-urls=https://127.0.0.1:2379", "--advertise-client-urls=https://127.0.0.1:2379",
-        "--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-        "--initial-cluster=rcl=http://127.0.0.1:2380", f"--cert-file={pki / 'etcd-server.crt'}",
-        f"--key-file={pki / 'etcd-server.key'}", f"--trusted-ca-file={pki / 'ca.crt'}", "--client-cert-auth",
-        "--listen-metrics-urls=http://127.0.0.1:2381", "--unsafe-no-fsync", "--log-level=warn",
-    ], logs / "etcd.log", netns)
+    etcd = spawn(
+        "etcd",
+        [
+            bins.path("etcd"),
+            "--name=rcl",
+            f"--data-dir={data / 'etcd'}",
+            "--listen-client-urls=https://127.0.0.1:2379",
+            "--advertise-client-urls=https://127.0.0.1:2379",
+            "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=rcl=http://127.0.0.1:2380",
+            f"--cert-file={pki / 'etcd-server.crt'}",
+            f"--key-file={pki / 'etcd-server.key'}",
+            f"--trusted-ca-file={pki / 'ca.crt'}",
+            "--client-cert-auth",
+            "--listen-metrics-urls=http://127.0.0.1:2381",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+        logs / "etcd.log",
+        netns,
+    )
     procs.append(etcd)
     wait_for("etcd /health", lambda: _probe_in_netns(netns, "http://127.0.0.1:2381/health"), 60, etcd)
-    api = spawn("kube-apiserver", [
-        bins.path("kube-apiserver"), "--etcd-servers=https://127.0.0.1:2379", f"--etcd-cafile={pki / 'ca.crt'}",
-        f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}", f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
-        f"--secure-port={API_PORT}", "--bind-address=0.0.0.0", f"--advertise-address={topo.node_ip(1)}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}", f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}", "--kubelet-preferred-address-types=InternalIP",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
-        f"--service-cluster-ip-range={topo.SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
-        "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true", "--endpoint-reconciler-type=lease",
-        "--profiling=false", "-v=1",
-    ], logs / "kube-apiserver.log", netns)
+    api = spawn(
+        "kube-apiserver",
+        [
+            bins.path("kube-apiserver"),
+            "--etcd-servers=https://127.0.0.1:2379",
+            f"--etcd-cafile={pki / 'ca.crt'}",
+            f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
+            f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
+            f"--secure-port={API_PORT}",
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={topo.node_ip(1)}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={topo.SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=lease",
+            "--profiling=false",
+            "-v=1",
+        ],
+        logs / "kube-apiserver.log",
+        netns,
+    )
     procs.append(api)
     wait_for("the API server's /readyz", lambda: _probe_in_netns(netns, f"{api_url()}/readyz", pki), 120, api)
     common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "-v=1"]
-    kcm = spawn("kube-controller-manager", [
-        bins.path("kube-controller-manager"), *common, f"--kubeconfig={pki / 'controller-manager.kubeconfig'}",
-        f"--authentication-kubeconfig={pki / 'controller-manager.kubeconfig'}",
-        f"--authorization-kubeconfig={pki / 'controller-manager.kubeconfig'}",
-        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-        "--use-service-account-credentials=true", f"--service-cluster-ip-range={topo.SERVICE_CIDR}",
-        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-        "--controllers=*,-bootstrapsigner,-tokencleaner", "--node-monitor-grace-period=20s",
-    ], logs / "kube-controller-manager.log", netns)
+    kcm = spawn(
+        "kube-controller-manager",
+        [
+            bins.path("kube-controller-manager"),
+            *common,
+            f"--kubeconfig={pki / 'controller-manager.kubeconfig'}",
+            f"--authentication-kubeconfig={pki / 'controller-manager.kubeconfig'}",
+            f"--authorization-kubeconfig={pki / 'controller-manager.kubeconfig'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            "--use-service-account-credentials=true",
+            f"--service-cluster-ip-range={topo.SERVICE_CIDR}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--controllers=*,-bootstrapsigner,-tokencleaner",
+            "--node-monitor-grace-period=20s",
+        ],
+        logs / "kube-controller-manager.log",
+        netns,
+    )
     procs.append(kcm)
-    sched = spawn("kube-scheduler", [
-        bins.path("kube-scheduler"), *common, f"--kubeconfig={pki / 'scheduler.kubeconfig'}",
-        f"--authentication-kubeconfig={pki / 'scheduler.kubeconfig'}",
-        f"--authorization-kubeconfig={pki / 'scheduler.kubeconfig'}",
-    ], logs / "kube-scheduler.log", netns)
+    sched = spawn(
+        "kube-scheduler",
+        [
+            bins.path("kube-scheduler"),
+            *common,
+            f"--kubeconfig={pki / 'scheduler.kubeconfig'}",
+            f"--authentication-kubeconfig={pki / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={pki / 'scheduler.kubeconfig'}",
+        ],
+        logs / "kube-scheduler.log",
+        netns,
+    )
     procs.append(sched)
-    wait_for("kube-controller-manager's /healthz", lambda: _probe_in_netns(netns, "https://127.0.0.1:10257/healthz",
-                                                                           pki, verify=False), 60, kcm)
-    wait_for("kube-scheduler's /healthz", lambda: _probe_in_netns(netns, "https://127.0.0.1:10259/healthz", pki,
-                                                                  verify=False), 60, sched)
+    wait_for(
+        "kube-controller-manager's /healthz",
+        lambda: _probe_in_netns(netns, "https://127.0.0.1:10257/healthz", pki, verify=False),
+        60,
+        kcm,
+    )
+    wait_for(
+        "kube-scheduler's /healthz",
+        lambda: _probe_in_netns(netns, "https://127.0.0.1:10259/healthz", pki, verify=False),
+        60,
+        sched,
+    )
     return procs
 
 

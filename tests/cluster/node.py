@@ -101,10 +101,16 @@ class Node:
 
     def run(self, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A shell script inside the node's mount and network namespaces."""
-        proc = subprocess.run(["nsenter", f"--mount={self.mntns}", f"--net=/run/netns/{self.netns}", "--",
-                               "sh", "-ec", script], capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            ["nsenter", f"--mount={self.mntns}", f"--net=/run/netns/{self.netns}", "--", "sh", "-ec", script],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if check and proc.returncode != 0:
-            raise RuntimeError(f"{self.name}: {script.strip().splitlines()[0]}...: {proc.stderr.strip()[-1500:]}")
+            raise RuntimeError(
+                f"{self.name}: {script.strip().splitlines()[0]}...: {proc.stderr.strip()[-1500:]}"
+            )
         return proc
 
 
@@ -143,8 +149,9 @@ def mount_node_view(node: Node) -> None:
     """The node directories, /dev and the kubelet tunables, inside the node's mount namespace."""
     _dirs(node)
     binds = "\n".join(f"mount --bind {node.work / d} {p}" for p, d in NODE_DIRS.items())
-    tunables = "\n".join(f"mount --bind {node.work / 'tunables' / k.replace('/', '_')} /proc/sys/{k}"
-                         for k in KUBELET_TUNABLES)
+    tunables = "\n".join(
+        f"mount --bind {node.work / 'tunables' / k.replace('/', '_')} /proc/sys/{k}" for k in KUBELET_TUNABLES
+    )
     olddev = node.work / "host-dev"
     node.run(f"""
 mount --make-rprivate /
@@ -171,13 +178,35 @@ def start_sim(node: Node, log_dir: Path) -> Proc:
     (containerd's ``cni-*``)."""
     bonds = ",".join(f"bond{b}:mlx5_bond_{b}" for b in range(topo.BONDS))
     numa = ",".join(str(topo.bond_numa(b)) for b in range(topo.BONDS))
-    argv = [sys.executable, "-m", "rdma_cni.sim.node", "--sysfs-root", str(node.sys_tree), "--bonds", bonds,
-            "--numa", numa, "--layout", "mlx5", "--mad", "--rdma-cm", "--dev-root", "/dev",
-            "--pods-dir", "/run/netns", "--pods-prefix", "cni-"]
+    argv = [
+        sys.executable,
+        "-m",
+        "rdma_cni.sim.node",
+        "--sysfs-root",
+        str(node.sys_tree),
+        "--bonds",
+        bonds,
+        "--numa",
+        numa,
+        "--layout",
+        "mlx5",
+        "--mad",
+        "--rdma-cm",
+        "--dev-root",
+        "/dev",
+        "--pods-dir",
+        "/run/netns",
+        "--pods-prefix",
+        "cni-",
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = spawn(f"{node.name}/rdma-sim", argv, log_dir / "rdma-sim.log", node.netns, node.mntns, env)
-    wait_for("the simulated sysfs tree", lambda: (node.sys_tree / "class" / "infiniband" / "mlx5_bond_7").exists(),
-             30, proc)
+    wait_for(
+        "the simulated sysfs tree",
+        lambda: (node.sys_tree / "class" / "infiniband" / "mlx5_bond_7").exists(),
+        30,
+        proc,
+    )
     return proc
 
 
@@ -223,8 +252,8 @@ def containerd_config(node: Node, registry: str) -> Path:
         d = certs / host
         d.mkdir(parents=True, exist_ok=True)
         (d / "hosts.toml").write_text(
-            f'server = "http://{registry}"\n\n[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n'
-            "  skip_verify = true\n"
+            f'server = "http://{registry}"\n\n[host."http://{registry}"]\n'
+            '  capabilities = ["pull", "resolve"]\n  skip_verify = true\n'
         )
     conf = etc / "config.toml"
     conf.write_text(f"""version = 3
@@ -259,11 +288,17 @@ state = "/run/containerd"
 
 
 def start_containerd(node: Node, bins: Binaries, registry: str, log_dir: Path) -> Proc:
-    conf = containerd_config(node, registry)
+    containerd_config(node, registry)
     shim_dir = str(Path(bins.path("containerd-shim-runc-v2")).parent)
     env = dict(os.environ, PATH=f"{shim_dir}:{os.environ['PATH']}")
-    proc = spawn(f"{node.name}/containerd", [bins.path("containerd"), "--config", "/etc/containerd/config.toml"],
-                 log_dir / "containerd.log", node.netns, node.mntns, env)
+    proc = spawn(
+        f"{node.name}/containerd",
+        [bins.path("containerd"), "--config", "/etc/containerd/config.toml"],
+        log_dir / "containerd.log",
+        node.netns,
+        node.mntns,
+        env,
+    )
     sock = node.dir("/run/containerd") / "containerd.sock"
     wait_for("containerd's socket", sock.exists, 60, proc)
     return proc
@@ -278,8 +313,11 @@ def kubelet_config(node: Node, pki: Path) -> Path:
         "cgroupRoot": node.cgroup_root,
         "cgroupsPerQOS": True,
         "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(pki / "ca.crt")}},
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(pki / "ca.crt")},
+        },
         "authorization": {"mode": "Webhook"},
         "address": topo.node_ip(node.n),
         "readOnlyPort": 0,
@@ -291,8 +329,12 @@ def kubelet_config(node: Node, pki: Path) -> Path:
         "serializeImagePulls": False,
         "resolvConf": "/etc/resolv.conf",
         "clusterDomain": "cluster.local",
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                         "nodefs.inodesFree": "1%"},
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "maxPods": 110,
@@ -310,16 +352,29 @@ def kubelet_config(node: Node, pki: Path) -> Path:
 
 def start_kubelet(node: Node, bins: Binaries, pki: Path, log_dir: Path) -> Proc:
     conf = kubelet_config(node, pki)
-    argv = [bins.path("kubelet"), f"--config={conf}", f"--kubeconfig={pki / f'kubelet-{node.name}.kubeconfig'}",
-            f"--hostname-override={node.name}", f"--node-ip={topo.node_ip(node.n)}", "--root-dir=/var/lib/kubelet",
-            "--node-labels=", "-v=2"]
+    argv = [
+        bins.path("kubelet"),
+        f"--config={conf}",
+        f"--kubeconfig={pki / f'kubelet-{node.name}.kubeconfig'}",
+        f"--hostname-override={node.name}",
+        f"--node-ip={topo.node_ip(node.n)}",
+        "--root-dir=/var/lib/kubelet",
+        "--node-labels=",
+        "-v=2",
+    ]
     return spawn(f"{node.name}/kubelet", argv, log_dir / "kubelet.log", node.netns, node.mntns)
 
 
 def start_gpu_plugin(node: Node, log_dir: Path) -> Proc:
     """The stand-in nvidia.com/gpu device plugin (cluster.gpu_plugin): 8 GPUs on the node's NUMA
     nodes and PCIe roots, so kubelet aligns the seed pod's GPUs and bonds."""
-    argv = [sys.executable, "-m", "cluster.gpu_plugin", "--device-plugin-dir", "/var/lib/kubelet/device-plugins"]
+    argv = [
+        sys.executable,
+        "-m",
+        "cluster.gpu_plugin",
+        "--device-plugin-dir",
+        "/var/lib/kubelet/device-plugins",
+    ]
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=f"{repo / 'tests'}:{repo}")
     return spawn(f"{node.name}/gpu-plugin", argv, log_dir / "gpu-plugin.log", node.netns, node.mntns, env)
@@ -342,8 +397,13 @@ def start_kube_proxy(node: Node, bins: Binaries, pki: Path, log_dir: Path) -> Pr
     }
     path = node.work / "kube-proxy.yaml"
     path.write_text(yaml.safe_dump(conf))
-    return spawn(f"{node.name}/kube-proxy", [bins.path("kube-proxy"), f"--config={path}", "-v=1"],
-                 log_dir / "kube-proxy.log", node.netns, node.mntns)
+    return spawn(
+        f"{node.name}/kube-proxy",
+        [bins.path("kube-proxy"), f"--config={path}", "-v=1"],
+        log_dir / "kube-proxy.log",
+        node.netns,
+        node.mntns,
+    )
 
 
 def cluster_network_config(node: Node) -> None:
@@ -356,7 +416,11 @@ def cluster_network_config(node: Node) -> None:
         "name": "tke-route-eni",
         "type": "ptp",
         "mtu": 1500,
-        "ipam": {"type": "host-local", "ranges": [[{"subnet": topo.pod_cidr(node.n)}]],
-                 "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "/var/lib/cni/networks"},
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": topo.pod_cidr(node.n)}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": "/var/lib/cni/networks",
+        },
     }
     (d / "tke-route-eni.conf").write_text(json.dumps(conf, indent=1))

@@ -44,9 +44,24 @@ def make_ca(d: Path) -> None:
     if (d / "ca.crt").exists():
         return
     _key(d / "ca.key")
-    _run("openssl", "req", "-x509", "-new", "-key", str(d / "ca.key"), "-subj", "/CN=rdma-cni-test-cluster-ca",
-         "-days", DAYS, "-addext", "basicConstraints=critical,CA:TRUE",
-         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature", "-out", str(d / "ca.crt"))
+    _run(
+        "openssl",
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        str(d / "ca.key"),
+        "-subj",
+        "/CN=rdma-cni-test-cluster-ca",
+        "-days",
+        DAYS,
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        "-out",
+        str(d / "ca.crt"),
+    )
 
 
 def issue(d: Path, who: Identity) -> None:
@@ -58,8 +73,11 @@ def issue(d: Path, who: Identity) -> None:
     usage = "serverAuth" if who.server else "clientAuth"
     if who.server and not who.sans:
         raise ValueError(f"{who.name}: a serving certificate needs subjectAltNames")
-    ext = [f"extendedKeyUsage={usage}", "keyUsage=critical,digitalSignature,keyEncipherment",
-           "basicConstraints=critical,CA:FALSE"]
+    ext = [
+        f"extendedKeyUsage={usage}",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        "basicConstraints=critical,CA:FALSE",
+    ]
     if who.sans:
         ext.append("subjectAltName=" + ",".join(who.sans))
     csr = d / f"{who.name}.csr"
@@ -67,8 +85,24 @@ def issue(d: Path, who: Identity) -> None:
     for e in ext:
         cmd += ["-addext", e]
     _run(*cmd)
-    _run("openssl", "x509", "-req", "-in", str(csr), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
-         "-CAcreateserial", "-days", DAYS, "-copy_extensions", "copyall", "-out", str(d / f"{who.name}.crt"))
+    _run(
+        "openssl",
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(d / "ca.crt"),
+        "-CAkey",
+        str(d / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        DAYS,
+        "-copy_extensions",
+        "copyall",
+        "-out",
+        str(d / f"{who.name}.crt"),
+    )
     csr.unlink()
 
 
@@ -85,7 +119,9 @@ def kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: s
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "rdma-cni-test", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "clusters": [
+            {"name": "rdma-cni-test", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
         "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
         "contexts": [{"name": "default", "context": {"cluster": "rdma-cni-test", "user": user}}],
         "current-context": "default",

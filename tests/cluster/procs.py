@@ -59,14 +59,26 @@ def in_namespaces(argv: Sequence[str], netns: str | None = None, mntns: str | No
     return [*cmd, "--", *argv]
 
 
-def spawn(name: str, argv: Sequence[str], log: Path, netns: str | None = None, mntns: str | None = None,
-          env: dict[str, str] | None = None) -> Proc:
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    netns: str | None = None,
+    mntns: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Proc:
     """Start a long-running component in its own session (a Ctrl-C of the caller does not reach it;
     ``down`` ends it), stdout and stderr to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        popen = subprocess.Popen(in_namespaces(argv, netns, mntns), stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=out, start_new_session=True, env=env)
+        popen = subprocess.Popen(
+            in_namespaces(argv, netns, mntns),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            env=env,
+        )
     return Proc(name, popen.pid, start_time(popen.pid), str(log))
 
 
@@ -96,15 +108,18 @@ def load(items: Sequence[dict[str, object]]) -> list[Proc]:
     return [Proc(str(i["name"]), int(str(i["pid"])), str(i["start"]), str(i["log"])) for i in items]
 
 
-def wait_for(what: str, check: object, timeout: float, proc: Proc | None = None, interval: float = 0.25) -> None:
+def wait_for(
+    what: str, check: object, timeout: float, proc: Proc | None = None, interval: float = 0.25
+) -> None:
     """Poll ``check()`` until true; a component that died or never became ready is named with the
     tail of its log."""
     assert callable(check)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and not alive(proc):
-            raise StartError(f"{proc.name} exited while waiting for {what}; the tail of {proc.log}:\n"
-                             f"{tail(proc.log)}")
+            raise StartError(
+                f"{proc.name} exited while waiting for {what}; the tail of {proc.log}:\n{tail(proc.log)}"
+            )
         with contextlib.suppress(Exception):
             if check():
                 return

@@ -112,7 +112,18 @@ def make_node_net(n: int) -> None:
         ip("addr", "add", f"{bond_ip(n, b)}/28", "dev", f"bond{b}", netns=ns)
         ip("link", "set", f"bond{b}", "up", netns=ns)
         table = str(BOND_TABLE_BASE + b)
-        ip("route", "add", "198.51.100.0/24", "via", switch_ip(n, b), "dev", f"bond{b}", "table", table, netns=ns)
+        ip(
+            "route",
+            "add",
+            "198.51.100.0/24",
+            "via",
+            switch_ip(n, b),
+            "dev",
+            f"bond{b}",
+            "table",
+            table,
+            netns=ns,
+        )
         ip("rule", "add", "from", bond_ip(n, b), "lookup", table, "priority", str(1000 + b), netns=ns)
     sysctl(ns, "net.ipv4.ip_forward", "1")
 

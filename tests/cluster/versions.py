@@ -84,7 +84,14 @@ KUBE = GoBuild(
     HERE / "gomod-kubernetes",
     tuple(
         f"k8s.io/kubernetes/cmd/{c}"
-        for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet", "kubectl")
+        for c in (
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kube-proxy",
+            "kubelet",
+            "kubectl",
+        )
     ),
     _k8s_ldflags(KUBERNETES),
 )
@@ -96,7 +103,8 @@ CONTAINERD_BUILD = GoBuild(
     CONTAINERD,
     HERE / "gomod-containerd",
     tuple(
-        f"github.com/containerd/containerd/v2/cmd/{c}" for c in ("containerd", "containerd-shim-runc-v2", "ctr")
+        f"github.com/containerd/containerd/v2/cmd/{c}"
+        for c in ("containerd", "containerd-shim-runc-v2", "ctr")
     ),
     f"-s -w -X github.com/containerd/containerd/v2/version.Version={CONTAINERD}",
     tags="no_btrfs no_devmapper no_zfs",
