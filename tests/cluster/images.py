@@ -1,0 +1,623 @@
+"""The test cluster's container images, built here from Debian packages and this repository: no image
+registry on the internet is reachable from the machines that run the cluster, and there is no Docker
+engine, so every image a pod (or containerd's sandbox) needs is made locally with buildah and saved
+as a docker-archive tar that keeps its full name (``RepoTags``), ready for ``crane push`` into the
+cluster's own registry (:mod:`cluster.registry`) or a ``ctr images import``.
+
+=======================================  =====================================================
+``docker.io/library/debian:bookworm-slim``  mmdebstrap ``--variant=minbase`` of bookworm from the
+                                         Debian mirrors this machine's apt uses, slimmed like the
+                                         official image (no man pages, docs, locales); what
+                                         ``FROM debian:bookworm-slim`` of conf/k8s/Dockerfile
+                                         finds in buildah's storage (``--pull-never``)
+``docker.io/library/rdma-cni:<tag>``     ``scripts/build`` as the README says it, then
+                                         conf/k8s/Dockerfile with the repository as context;
+                                         each tag adds the label
+                                         ``org.opencontainers.image.version=<tag>`` (and buildah's
+                                         empty commit layer), so two tags of one bundle have two
+                                         digests and share every real layer: a rolling update
+                                         from 0.1.0 to 0.1.1 costs one extra build of ~2 s
+``docker.io/library/rdma-cni-test:0.1``  the base + iproute2, iputils-ping, procps (sh, sleep,
+                                         cat, ls from the base): the seed's pods
+``registry.k8s.io/pause:3.10.1``         FROM scratch, ``/pause`` compiled statically by gcc
+                                         from Kubernetes' own build/pause/linux/pause.c of
+                                         k8s.io/kubernetes (the Go module cache), with its
+                                         Makefile's flags; USER 65535:65535 as upstream's
+=======================================  =====================================================
+
+Caching: each image is saved as ``<cache_root>/images/<name>-<key>/image.tar`` (+ ``meta.json``,
+written last: a build killed half way leaves no dir that looks done). The key is a hash of what the
+image is made of (the apt sources and options of the base; the files ``scripts/build`` and the
+Dockerfile read, the venv's installed distributions and the base's key for rdma-cni; pause.c and
+gcc's version for pause), so a second :func:`build_images` builds nothing and runs nothing but a few
+``stat``s and hashes (the bundle is not rebuilt to learn its hash). The base is NOT keyed on the
+Debian archive's state: delete its cache dir to take newer packages.
+
+buildah runs with a storage of its own (``<cache_root>/images/storage``, overlay driver, chroot
+isolation): the machine's /var/lib/containers stays untouched and nothing here depends on what other
+tools left there. Builds are serialised by a lock file (``images/.lock``), so the harness and a test
+may call :func:`build_images` at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("cluster.images")
+
+# Bump to rebuild every image (a change of how they are made that the keys do not see).
+SCHEMA = "1"
+KUBERNETES = (
+    "v1.37.2"  # whose build/pause/linux/pause.c makes the sandbox image (cluster.versions pins it too)
+)
+DEFAULT_CACHE_ROOT = Path(os.environ.get("RDMA_CNI_CLUSTER_CACHE", "/var/cache/rdma-cni/cluster"))
+
+BASE_REF = "docker.io/library/debian:bookworm-slim"
+PRODUCT_REPO = "docker.io/library/rdma-cni"
+TEST_REF = "docker.io/library/rdma-cni-test:0.1"
+PAUSE_REF = "registry.k8s.io/pause:3.10.1"
+VERSION_LABEL = "org.opencontainers.image.version"
+
+SUITE = "bookworm"
+# What the official bookworm-slim leaves out (debuerreotype's slimification), as dpkg path filters.
+SLIM_DPKG_OPTS = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-exclude=/usr/share/lintian/*",
+    "path-exclude=/usr/share/linda/*",
+    "path-exclude=/usr/share/groff/*",
+)
+TEST_PACKAGES = ("iproute2", "iputils-ping", "procps")
+FALLBACK_MIRRORS = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+)
+# scripts/build's inputs besides rdma_cni/ and conf/ (the bundle bakes in conf/ and install.sh).
+BUILD_SCRIPTS = (
+    "scripts/build",
+    "scripts/build-client",
+    "scripts/install.sh",
+    "scripts/lib.sh",
+    "pyproject.toml",
+)
+PAUSE_CFLAGS = ("-Os", "-Wall", "-Werror", "-static", "-DVERSION=v3.10.1-rdma-cni-test")
+
+
+class ImageError(RuntimeError):
+    """A step of an image build failed: names the step and carries the tail of its output."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image, saved: ``ref`` is its full name (also the archive's RepoTags), ``archive`` a
+    docker-archive tar of exactly one image."""
+
+    ref: str
+    archive: Path
+
+    @property
+    def repository(self) -> str:
+        """``docker.io/library/rdma-cni`` of ``docker.io/library/rdma-cni:0.1.0``."""
+        return self.ref.rsplit(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        return self.ref.rsplit(":", 1)[1]
+
+
+# ---- small helpers ------------------------------------------------------------------------------
+
+
+def _run(
+    cmd: Sequence[str | Path],
+    what: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    capture: bool = True,
+) -> str:
+    """Run ``cmd``; its stdout, or :class:`ImageError` with the tail of its output. ``capture=False``
+    lets a long step's progress through to our stderr (scripts/build's)."""
+    argv = [str(c) for c in cmd]
+    log.debug("%s: %s", what, " ".join(argv))
+    if capture:
+        proc = subprocess.run(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            out = (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:]).strip()
+            raise ImageError(f"{what}: {argv[0]} exited {proc.returncode}:\n{out}")
+        return proc.stdout
+    proc2 = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr, check=False)
+    if proc2.returncode != 0:
+        raise ImageError(f"{what}: {argv[0]} exited {proc2.returncode} (its output is above)")
+    return ""
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        b = p.encode() if isinstance(p, str) else p
+        h.update(len(b).to_bytes(8, "big"))
+        h.update(b)
+    return h.hexdigest()[:16]
+
+
+def _tree_digest(root: Path, rels: Sequence[str]) -> str:
+    """Hash of the paths (relative to ``root``), modes and contents of the files under ``rels``
+    (files or dirs; __pycache__ and .pyc skipped, missing ones recorded as missing)."""
+    h = hashlib.sha256()
+    for rel in rels:
+        top = root / rel
+        if not top.exists():
+            h.update(f"missing {rel}\n".encode())
+            continue
+        files = (
+            [top]
+            if top.is_file()
+            else sorted(
+                p
+                for p in top.rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            )
+        )
+        for f in files:
+            h.update(f"{f.relative_to(root)} {f.stat().st_mode & 0o111:o}\n".encode())
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def debian_mirrors(apt_dir: Path = Path("/etc/apt")) -> list[str]:
+    """The bookworm ``deb`` lines (main) of this machine's apt sources, one-line and deb822 alike,
+    so the base image comes from the mirror (and security/updates suites) the machine already
+    reaches; the public ones when there are none."""
+    entries: list[tuple[str, str, str]] = []  # (type, uri, suite) with component main
+    lists = [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]
+    for f in lists:
+        if not f.is_file():
+            continue
+        for line in f.read_text(errors="replace").splitlines():
+            words = line.split("#", 1)[0].split()
+            if len(words) >= 4 and words[1].startswith("["):  # deb [opts] uri suite comps
+                while words and not words[1].endswith("]"):
+                    del words[1]
+                del words[1]
+            if len(words) >= 4 and "main" in words[3:]:
+                entries.append((words[0], words[1], words[2]))
+    for f in sorted((apt_dir / "sources.list.d").glob("*.sources")):
+        for para in f.read_text(errors="replace").split("\n\n"):
+            fields: dict[str, str] = {}
+            for line in para.splitlines():
+                if line.startswith("#") or ":" not in line or line[:1].isspace():
+                    continue
+                k, v = line.split(":", 1)
+                fields[k.strip().lower()] = v.strip()
+            if (
+                fields.get("enabled", "yes").lower() == "no"
+                or "main" not in fields.get("components", "").split()
+            ):
+                continue
+            for t in fields.get("types", "").split():
+                for uri in fields.get("uris", "").split():
+                    for suite in fields.get("suites", "").split():
+                        entries.append((t, uri, suite))
+    out: list[str] = []
+    for t, uri, suite in entries:
+        line = f"deb {uri.rstrip('/')} {suite} main"
+        if t == "deb" and (suite == SUITE or suite.startswith(SUITE + "-")) and line not in out:
+            out.append(line)
+    return out or list(FALLBACK_MIRRORS)
+
+
+# ---- buildah ------------------------------------------------------------------------------------
+
+
+class Buildah:
+    """buildah on a storage of its own under the cache (see the module's docstring)."""
+
+    def __init__(self, cache_root: Path) -> None:
+        self.root = cache_root / "images" / "storage"
+        # runroot holds locks and mount state: tmpfs, one per storage root.
+        self.runroot = Path("/run/rdma-cni-cluster") / f"buildah-{_digest(str(self.root))}"
+        self.driver = "overlay"
+
+    def argv(self, *args: str | Path) -> list[str]:
+        return [
+            "buildah",
+            "--root",
+            str(self.root),
+            "--runroot",
+            str(self.runroot),
+            "--storage-driver",
+            self.driver,
+            *[str(a) for a in args],
+        ]
+
+    def __call__(self, *args: str | Path, what: str, cwd: Path | None = None) -> str:
+        return _run(self.argv(*args), what, cwd=cwd).strip()
+
+    def image_id(self, ref: str) -> str | None:
+        proc = subprocess.run(
+            self.argv("inspect", "--type", "image", "--format", "{{.FromImageID}}", ref),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+    def save(self, ref: str, archive: Path) -> None:
+        """docker-archive of ``ref`` that names it ``ref`` in full (RepoTags)."""
+        self("push", "-q", ref, f"docker-archive:{archive}:{ref}", what=f"{ref}: save")
+
+    def load(self, archive: Path, ref: str) -> str:
+        """Put a saved image back into the storage under ``ref`` (a wiped storage, the cache kept)."""
+        out = self("pull", "-q", f"docker-archive:{archive}", what=f"{ref}: load {archive}")
+        image_id = out.splitlines()[-1].strip()
+        self("tag", image_id, ref, what=f"{ref}: tag")
+        return image_id
+
+    @contextlib.contextmanager
+    def container(self, image: str, what: str) -> Iterator[str]:
+        """A working container of ``image`` (``scratch`` too), removed afterwards even on failure."""
+        ctr = self("from", "--pull-never", "--quiet", image, what=f"{what}: from {image}")
+        try:
+            yield ctr
+        finally:
+            subprocess.run(self.argv("rm", ctr), stdin=subprocess.DEVNULL, capture_output=True, check=False)
+
+
+# ---- the cache ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One image's cache dir."""
+
+    ref: str
+    dir: Path
+
+    @property
+    def archive(self) -> Path:
+        return self.dir / "image.tar"
+
+    @property
+    def meta(self) -> Path:
+        return self.dir / "meta.json"
+
+    def cached(self) -> dict[str, object] | None:
+        try:
+            meta = json.loads(self.meta.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(meta, dict) or meta.get("ref") != self.ref or not self.archive.is_file():
+            return None
+        return meta
+
+    def image(self) -> Image:
+        return Image(self.ref, self.archive)
+
+
+def _slot(cache_root: Path, ref: str, key: str) -> _Slot:
+    name = ref.rsplit("/", 1)[-1].replace(":", "-")
+    return _Slot(ref, cache_root / "images" / f"{name}-{key}")
+
+
+def _store(b: Buildah, slot: _Slot, image_id: str, seconds: float, inputs: dict[str, object]) -> Image:
+    """Save ``slot.ref`` from buildah's storage into its cache dir, atomically."""
+    slot.dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=slot.dir.parent, prefix=f".{slot.dir.name}."))
+    try:
+        b.save(slot.ref, tmp / "image.tar")
+        meta = {
+            "ref": slot.ref,
+            "image_id": image_id,
+            "build_seconds": round(seconds, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "inputs": inputs,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        shutil.rmtree(slot.dir, ignore_errors=True)
+        tmp.rename(slot.dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info(
+        "%s: saved %s (%.0f MB) in %.0f s", slot.ref, slot.archive, slot.archive.stat().st_size / 1e6, seconds
+    )
+    return slot.image()
+
+
+def _ensure_in_storage(b: Buildah, slot: _Slot) -> None:
+    """A cached image that a later build starts FROM must be in buildah's storage as the very image
+    that was cached (not an older one under the same name)."""
+    meta = slot.cached()
+    assert meta is not None
+    if b.image_id(slot.ref) != meta.get("image_id"):
+        log.info("%s: loading %s into buildah's storage", slot.ref, slot.archive)
+        b.load(slot.archive, slot.ref)
+
+
+# ---- the images ---------------------------------------------------------------------------------
+
+
+def _base_inputs(mirrors: list[str]) -> dict[str, object]:
+    return {
+        "schema": SCHEMA,
+        "suite": SUITE,
+        "variant": "minbase",
+        "mirrors": mirrors,
+        "dpkgopts": list(SLIM_DPKG_OPTS),
+    }
+
+
+def build_base(b: Buildah, cache_root: Path) -> _Slot:
+    """``debian:bookworm-slim`` by mmdebstrap, imported into buildah's storage under that name."""
+    mirrors = debian_mirrors()
+    inputs = _base_inputs(mirrors)
+    slot = _slot(cache_root, BASE_REF, _digest(json.dumps(inputs, sort_keys=True)))
+    if slot.cached():
+        log.info("%s: cached in %s", BASE_REF, slot.dir)
+        return slot  # into buildah's storage only when an image is built FROM it
+    t0 = time.monotonic()
+    log.info("%s: mmdebstrap %s minbase from %s (first time only, ~1-2 min)", BASE_REF, SUITE, mirrors)
+    slot.dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=slot.dir.parent, prefix=".mmdebstrap.") as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        cmd: list[str | Path] = [
+            "mmdebstrap",
+            "--quiet",
+            "--variant=minbase",
+            "--mode=root",
+            "--format=tar",
+            "--skip=output/dev",
+            '--aptopt=Apt::Install-Recommends "false"',
+        ]
+        cmd += [f"--dpkgopt={o}" for o in SLIM_DPKG_OPTS]
+        _run([*cmd, SUITE, rootfs, *mirrors], f"{BASE_REF}: mmdebstrap", capture=True)
+        with b.container("scratch", BASE_REF) as ctr:
+            b("add", ctr, rootfs, "/", what=f"{BASE_REF}: add the rootfs")
+            b(
+                "config",
+                "--cmd",
+                '["bash"]',
+                "--env",
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                ctr,
+                what=f"{BASE_REF}: config",
+            )
+            image_id = b("commit", "--quiet", ctr, BASE_REF, what=f"{BASE_REF}: commit")
+    _store(b, slot, image_id, time.monotonic() - t0, inputs)
+    return slot
+
+
+def _product_key(repo: Path, base: _Slot) -> tuple[str, dict[str, object]]:
+    """What the bundle and the Dockerfile's image are made of, read without building anything."""
+    venv_dists = sorted(p.name for p in repo.glob(".venv/lib/python*/site-packages/*.dist-info"))
+    inputs: dict[str, object] = {
+        "schema": SCHEMA,
+        "base": base.dir.name,
+        "sources": _tree_digest(repo, ["rdma_cni", "conf", *BUILD_SCRIPTS]),
+        "venv": _digest("\n".join(venv_dists)),
+    }
+    return _digest(json.dumps(inputs, sort_keys=True)), inputs
+
+
+def build_product(b: Buildah, repo: Path, cache_root: Path, base: _Slot, tags: Sequence[str]) -> list[Image]:
+    """``rdma-cni:<tag>`` for each tag: one ``scripts/build`` and one Dockerfile build (only when a tag
+    is missing from the cache), then a label per tag."""
+    key, inputs = _product_key(repo, base)
+    slots = [_slot(cache_root, f"{PRODUCT_REPO}:{t}", _digest(key, t)) for t in tags]
+    missing = [s for s in slots if not s.cached()]
+    for s in slots:
+        if s not in missing:
+            log.info("%s: cached in %s", s.ref, s.dir)
+    if missing:
+        _ensure_in_storage(b, base)
+        t0 = time.monotonic()
+        log.info("rdma-cni: scripts/build (the PyInstaller bundle, ~1 min) in %s", repo)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHON"}  # the README's way: no variable
+        _run([repo / "scripts" / "build"], "scripts/build", cwd=repo, env=env, capture=False)
+        bundle_s = time.monotonic() - t0
+        build_id = (repo / "dist" / "rdma-cni" / "BUILD_ID").read_text().strip()
+        built = f"localhost/rdma-cni-build:{key}"
+        t1 = time.monotonic()
+        b(
+            "bud",
+            "--pull-never",
+            "--isolation",
+            "chroot",
+            "--quiet",
+            "-f",
+            repo / "conf/k8s/Dockerfile",
+            "-t",
+            built,
+            repo,
+            what="rdma-cni: conf/k8s/Dockerfile",
+            cwd=repo,
+        )
+        docker_s = time.monotonic() - t1
+        log.info("rdma-cni: bundle %s in %.0f s, Dockerfile in %.0f s", build_id, bundle_s, docker_s)
+        for s in missing:
+            t2 = time.monotonic()
+            tag = s.ref.rsplit(":", 1)[1]
+            with b.container(built, s.ref) as ctr:
+                b("config", "--label", f"{VERSION_LABEL}={tag}", ctr, what=f"{s.ref}: label")
+                image_id = b("commit", "--quiet", ctr, s.ref, what=f"{s.ref}: commit")
+            first = s is missing[0]
+            seconds = time.monotonic() - t2 + (bundle_s + docker_s if first else 0.0)
+            _store(
+                b,
+                s,
+                image_id,
+                seconds,
+                {
+                    **inputs,
+                    "tag": tag,
+                    "bundle_build_id": build_id,
+                    "bundle_seconds": round(bundle_s, 1),
+                    "dockerfile_seconds": round(docker_s, 1),
+                },
+            )
+        subprocess.run(b.argv("rmi", built), stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    return [s.image() for s in slots]
+
+
+def build_test_image(b: Buildah, cache_root: Path, base: _Slot) -> Image:
+    """The seed's pods' image: the base plus ip, ping and ps, installed by apt inside it."""
+    inputs: dict[str, object] = {"schema": SCHEMA, "base": base.dir.name, "packages": list(TEST_PACKAGES)}
+    slot = _slot(cache_root, TEST_REF, _digest(json.dumps(inputs, sort_keys=True)))
+    if slot.cached():
+        log.info("%s: cached in %s", TEST_REF, slot.dir)
+        return slot.image()
+    _ensure_in_storage(b, base)
+    t0 = time.monotonic()
+    log.info("%s: apt-get install %s in the base", TEST_REF, " ".join(TEST_PACKAGES))
+    script = (
+        "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+        + " ".join(TEST_PACKAGES)
+        + " && apt-get clean && rm -rf /var/lib/apt/lists/*"
+    )
+    with b.container(BASE_REF, TEST_REF) as ctr:
+        b("run", "--isolation", "chroot", ctr, "--", "sh", "-c", script, what=f"{TEST_REF}: apt-get install")
+        b("config", "--cmd", '["sleep", "infinity"]', ctr, what=f"{TEST_REF}: config")
+        image_id = b("commit", "--quiet", ctr, TEST_REF, what=f"{TEST_REF}: commit")
+    return _store(b, slot, image_id, time.monotonic() - t0, inputs)
+
+
+def pause_source(kubernetes: str = KUBERNETES) -> Path:
+    """build/pause/linux/pause.c of k8s.io/kubernetes@``kubernetes``, from the Go module cache
+    (``go mod download`` fetches the module by path and version when it is not there yet)."""
+    out = _run(
+        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{kubernetes}"], "pause: go mod download"
+    )
+    info = json.loads(out)
+    src = Path(str(info["Dir"])) / "build" / "pause" / "linux" / "pause.c"
+    if not src.is_file():
+        raise ImageError(f"pause: no {src} in k8s.io/kubernetes@{kubernetes}")
+    return src
+
+
+def build_pause(b: Buildah, cache_root: Path) -> Image:
+    """The sandbox image: a static /pause from Kubernetes' own source, FROM scratch."""
+    src = pause_source()
+    gcc = _run(["gcc", "--version"], "gcc --version").splitlines()[0]
+    inputs: dict[str, object] = {
+        "schema": SCHEMA,
+        "kubernetes": KUBERNETES,
+        "pause.c": _digest(src.read_bytes()),
+        "gcc": gcc,
+        "cflags": list(PAUSE_CFLAGS),
+    }
+    slot = _slot(cache_root, PAUSE_REF, _digest(json.dumps(inputs, sort_keys=True)))
+    if slot.cached():
+        log.info("%s: cached in %s", PAUSE_REF, slot.dir)
+        return slot.image()
+    t0 = time.monotonic()
+    log.info("%s: gcc -static %s", PAUSE_REF, src)
+    slot.dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=slot.dir.parent, prefix=".pause.") as tmp:
+        binary = Path(tmp) / "pause"
+        _run(["gcc", *PAUSE_CFLAGS, "-o", binary, src], "pause: gcc")
+        _run(["strip", binary], "pause: strip")
+        with b.container("scratch", PAUSE_REF) as ctr:
+            b("copy", "--chmod", "0755", ctr, binary, "/pause", what=f"{PAUSE_REF}: copy")
+            b(
+                "config",
+                "--entrypoint",
+                '["/pause"]',
+                "--user",
+                "65535:65535",
+                "--os",
+                "linux",
+                "--arch",
+                "amd64",
+                ctr,
+                what=f"{PAUSE_REF}: config",
+            )
+            image_id = b("commit", "--quiet", ctr, PAUSE_REF, what=f"{PAUSE_REF}: commit")
+    return _store(b, slot, image_id, time.monotonic() - t0, inputs)
+
+
+def _check_tools() -> None:
+    missing = [t for t in ("buildah", "mmdebstrap", "gcc", "go") if shutil.which(t) is None]
+    if missing:
+        raise ImageError(
+            f"missing {' '.join(missing)}: apt-get install buildah mmdebstrap gcc libc6-dev "
+            "(and Go for pause.c from the module cache)"
+        )
+
+
+def build_images(
+    repo: Path, cache_root: Path = DEFAULT_CACHE_ROOT, tags: Sequence[str] = ("0.1.0",)
+) -> list[Image]:
+    """Every image the cluster pulls: the base, ``rdma-cni:<tag>`` for each of ``tags`` (from one
+    bundle), the test image and pause, in that order; built only when not cached (module docstring)."""
+    if not tags:
+        raise ValueError("build_images: no rdma-cni tag")
+    _check_tools()
+    repo = repo.resolve()
+    b = Buildah(cache_root)
+    t0 = time.monotonic()
+    with _locked(cache_root / "images" / ".lock"):
+        base = build_base(b, cache_root)
+        product = build_product(b, repo, cache_root, base, tags)
+        test = build_test_image(b, cache_root, base)
+        pause = build_pause(b, cache_root)
+    log.info("%d images ready in %.1f s", 2 + len(product) + 1, time.monotonic() - t0)
+    return [base.image(), *product, test, pause]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m cluster.images --repo R --cache C [--tag T ...]``: build (or find) every image and
+    print one ``ref archive`` line each."""
+    p = argparse.ArgumentParser(
+        prog="python -m cluster.images", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    p.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2])
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE_ROOT)
+    p.add_argument("--tag", action="append", dest="tags", help="rdma-cni tag (repeatable; default 0.1.0)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="images: %(message)s", stream=sys.stderr
+    )
+    try:
+        images = build_images(args.repo, args.cache, tuple(args.tags or ("0.1.0",)))
+    except ImageError as e:
+        print(f"images: {e}", file=sys.stderr)
+        return 1
+    for img in images:
+        print(img.ref, img.archive)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
