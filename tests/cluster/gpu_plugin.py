@@ -12,10 +12,10 @@ check that GPUs and RDMA bonds ended up aligned.
 
 The node layout (:func:`layout`, defaults: 8 GPUs, 2 NUMA nodes, 4 PCIe roots): root ``r`` holds
 GPUs ``2r, 2r+1`` and bonds ``2r, 2r+1`` (``mlx5_bond_2r``, ``mlx5_bond_2r+1``), and sits on NUMA node
-``r // 2``; roots are named ``pci0000:00``, ``pci0000:40``, ``pci0000:80``, ``pci0000:c0``. So GPUs
-and bonds 0-3 are on NUMA 0, 4-7 on NUMA 1, as the demo's ``--bonds 8`` (numa ``i // 4``) has them.
-:mod:`rdma_cni.sim.tree` has no PCIe-root layout of its own (every bond under ``pci0000:00``): this
-module is where the test cluster's one lives.
+``r // 2``. The roots are named as the simulated sysfs names them (:func:`rdma_cni.sim.tree.pcie_root`:
+2 PCI functions per root, ``pci0000:00``, ``pci0000:20``, ``pci0000:40``, ``pci0000:60``), so GPU i
+and bond i share a root by name; GPUs and bonds 0-3 are on NUMA 0, 4-7 on NUMA 1, as the demo's
+``--bonds 8`` (numa ``i // 4``) and tests/cluster/topology.py's ``bond_numa`` have them.
 
 kubelet's rules it keeps (deviceplugin-facts.md 1.4-1.6): serve first, prove the socket answers,
 then Register; ``ListAndWatch`` sends the full list and never ends on its own; GetPreferredAllocation
@@ -23,7 +23,10 @@ never fails; one ``ContainerAllocateResponse`` per container request. A restarte
 every socket in the directory and re-creates ``kubelet.sock``, and never dials a plugin again on its
 own: the plugin watches its own socket and ``kubelet.sock``'s inode (an ``lstat`` every
 ``WATCH_S``, as Mellanox's plugin does; the deletion and re-creation are both caught) and, on
-either sign, starts over: new server, new socket, Register again.
+either sign, starts over: new server, new socket, Register again. Each generation's socket has a
+name of its own (``nvidia-gpu-<ns>.sock``, as rdma-cni's plugin and k8s' sample plugin do): gRPC
+shares one connection backoff per target, so a path that just failed (deleted by kubelet's cleanup)
+would keep a new server on the same path unreachable for seconds; a new name is a new target.
 
 CLI (logs to stderr, SIGTERM/SIGINT end it cleanly and remove its socket)::
 
@@ -46,7 +49,9 @@ import itertools
 import logging
 import math
 import os
+import re
 import signal
+import socket
 import stat
 import sys
 import threading
@@ -61,6 +66,7 @@ import grpc
 
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from rdma_cni.sim import tree as sim_tree
 
 log = logging.getLogger("gpu-plugin")
 
@@ -68,7 +74,7 @@ RESOURCE = "nvidia.com/gpu"
 VERSION = "v1beta1"
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins/"
 KUBELET_SOCKET = "kubelet.sock"
-SOCKET_NAME = "nvidia-gpu.sock"  # NVIDIA's plugin's name for the same resource
+SOCKET_BASE = "nvidia-gpu"  # NVIDIA's plugin's socket is nvidia-gpu.sock; ours nvidia-gpu-<ns>.sock
 HEALTHY = "Healthy"
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 ENV_ROOTS = "RDMA_CNI_TEST_GPU_PCIE_ROOTS"  # one root per GPU, in NVIDIA_VISIBLE_DEVICES' order
@@ -97,17 +103,20 @@ class Gpu:
     root: str
 
 
-def root_name(r: int, roots: int = 4) -> str:
-    """PCIe root ``r`` of ``roots``, named as the kernel names root complexes (``pci<domain>:<bus>``),
-    buses spread over 0x00-0xff: 4 roots -> ``pci0000:00``, ``pci0000:40``, ``pci0000:80``, ``pci0000:c0``."""
-    return f"pci0000:{r * 256 // roots:02x}"
+def root_name(r: int) -> str:
+    """PCIe root ``r`` (``pci<domain>:<bus>``), the name the simulated sysfs gives the root of its PCI
+    functions ``2r, 2r+1`` (bonds ``2r, 2r+1``): ``pci0000:00``, ``pci0000:20``, ... ``pci0000:e0``."""
+    return sim_tree.pcie_root(r * sim_tree.FUNCTIONS_PER_ROOT)
+
+
+MAX_ROOTS = 0x100 // 0x20  # the simulated sysfs's root names repeat after 8
 
 
 def check_shape(count: int, numa_nodes: int, roots: int) -> None:
     """ValueError unless ``count`` GPUs split evenly over ``roots`` roots and those over the NUMA nodes."""
-    if count < 1 or numa_nodes < 1 or roots < 1 or roots > 256:
-        raise ValueError(f"need count >= 1, numa-nodes >= 1, 1 <= roots <= 256 (got {count}, {numa_nodes}, "
-                         f"{roots})")
+    if count < 1 or numa_nodes < 1 or not 1 <= roots <= MAX_ROOTS:
+        raise ValueError(f"need count >= 1, numa-nodes >= 1, 1 <= roots <= {MAX_ROOTS} (got {count}, "
+                         f"{numa_nodes}, {roots})")
     if count % roots or roots % numa_nodes:
         raise ValueError(f"{count} GPUs do not split evenly over {roots} roots on {numa_nodes} NUMA nodes")
 
@@ -117,14 +126,16 @@ def layout(count: int = 8, numa_nodes: int = 2, roots: int = 4) -> list[Gpu]:
     consecutive roots per NUMA node (defaults: root r = GPUs 2r, 2r+1, NUMA r // 2)."""
     check_shape(count, numa_nodes, roots)
     per_root, roots_per_numa = count // roots, roots // numa_nodes
-    return [Gpu(f"gpu-{i}", i, (i // per_root) // roots_per_numa, root_name(i // per_root, roots))
+    return [Gpu(f"gpu-{i}", i, (i // per_root) // roots_per_numa, root_name(i // per_root))
             for i in range(count)]
 
 
-def bond_layout(bonds: int = 8, numa_nodes: int = 2, roots: int = 4) -> dict[str, tuple[str, int]]:
-    """The same layout for the RDMA bonds: ``mlx5_bond_<i>`` -> (PCIe root, NUMA node). Root r holds
-    bonds 2r, 2r+1 next to GPUs 2r, 2r+1, so a test can tell whether a pod's GPUs and bonds share roots."""
-    return {f"mlx5_bond_{g.index}": (g.root, g.numa) for g in layout(bonds, numa_nodes, roots)}
+def bond_layout(bonds: int = 8, numa_nodes: int = 2) -> dict[str, tuple[str, int]]:
+    """The RDMA bonds' side of the same node: ``mlx5_bond_<i>`` -> (PCIe root, NUMA node), roots as
+    the simulated sysfs puts them (2 per root), NUMA nodes in equal consecutive blocks, so a test
+    can tell whether a pod's GPUs and bonds share NUMA nodes and roots."""
+    per_numa = -(-bonds // numa_nodes)
+    return {f"mlx5_bond_{i}": (sim_tree.pcie_root(i), i // per_numa) for i in range(bonds)}
 
 
 # --------------------------------------------------------------------------- preferred allocation
@@ -279,6 +290,27 @@ def socket_inode(path: str) -> int | None:
     return st.st_ino if stat.S_ISSOCK(st.st_mode) else None
 
 
+def remove_stale_sockets(directory: str, base: str) -> list[str]:
+    """Remove ``<base>-<ns>.sock`` files in ``directory`` nobody answers on (a killed run's)."""
+    removed = []
+    shape = re.compile(re.escape(base) + r"-\d+\.sock")
+    with contextlib.suppress(FileNotFoundError):
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if not shape.fullmatch(name) or socket_inode(path) is None:
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                try:
+                    s.connect(path)
+                    continue  # someone serves it: another instance's
+                except OSError:
+                    pass
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed.append(path)
+    return removed
+
+
 @dataclass
 class _Generation:
     """One server on one socket; replaced as a whole on every restart, never repaired."""
@@ -303,11 +335,11 @@ class GpuPlugin:
     kubelet restart)."""
 
     def __init__(self, gpus: Sequence[Gpu], device_plugin_dir: str = DEFAULT_DIR,
-                 resource_name: str = RESOURCE, socket_name: str = SOCKET_NAME) -> None:
+                 resource_name: str = RESOURCE, socket_base: str = SOCKET_BASE) -> None:
         self.gpus = list(gpus)
         self.dir = device_plugin_dir
         self.resource_name = resource_name
-        self.socket_path = os.path.join(device_plugin_dir, socket_name)
+        self.socket_base = socket_base
         self.kubelet_socket = os.path.join(device_plugin_dir, KUBELET_SOCKET)
         self.registrations = 0
         self._stop = threading.Event()
@@ -327,8 +359,16 @@ class GpuPlugin:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def socket_path(self) -> str | None:
+        """The socket the current generation serves on; None between generations."""
+        gen = self._current
+        return gen.path if gen is not None else None
+
     def run(self) -> None:
         """Until :meth:`stop`: serve, register, watch; start over whenever kubelet forgot us."""
+        for path in remove_stale_sockets(self.dir, self.socket_base):
+            log.info("removed %s: a socket of an earlier run that no one answers on", path)
         try:
             while not self._stop.is_set():
                 gen = self._serve()
@@ -347,20 +387,19 @@ class GpuPlugin:
         """A new server on the socket, proven to answer; retried while the directory is unusable."""
         while not self._stop.is_set():
             service = GpuService(self.gpus)
+            path = os.path.join(self.dir, f"{self.socket_base}-{time.time_ns()}.sock")
             try:
                 os.makedirs(self.dir, mode=0o750, exist_ok=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.socket_path)  # ours from an earlier generation or a killed run
                 server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
                                                                 thread_name_prefix="gpu-grpc"))
                 pb_grpc.add_DevicePluginServicer_to_server(service, server)
-                server.add_insecure_port(f"unix:{self.socket_path}")
+                server.add_insecure_port(f"unix:{path}")
                 server.start()
             except (OSError, RuntimeError) as e:
-                log.error("cannot serve %s (%s); retrying in 1 s", self.socket_path, e)
+                log.error("cannot serve %s (%s); retrying in 1 s", path, e)
                 self._stop.wait(1.0)
                 continue
-            gen = _Generation(self.socket_path, socket_inode(self.socket_path), service, server)
+            gen = _Generation(path, socket_inode(path), service, server)
             self._current = gen
             problem = self._prove(gen)
             if problem:
@@ -454,7 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--numa-nodes", type=int, default=2, help="NUMA nodes (default 2)")
     p.add_argument("--roots", type=int, default=4, help="PCIe roots (default 4)")
     p.add_argument("--resource-name", default=RESOURCE, help=f"default {RESOURCE}")
-    p.add_argument("--socket-name", default=SOCKET_NAME, help=f"default {SOCKET_NAME}")
+    p.add_argument("--socket-base", default=SOCKET_BASE,
+                   help=f"the socket's name up to -<ns>.sock (default {SOCKET_BASE})")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     a = p.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if a.verbose else logging.INFO,
@@ -463,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpus = layout(a.count, a.numa_nodes, a.roots)
     except ValueError as e:
         p.error(str(e))
-    plugin = GpuPlugin(gpus, a.device_plugin_dir, a.resource_name, a.socket_name)
+    plugin = GpuPlugin(gpus, a.device_plugin_dir, a.resource_name, a.socket_base)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("%s: stopping", signal.Signals(signum).name)
