@@ -12,6 +12,7 @@ import ctypes
 import os
 import sys
 
+import rdma_cni
 from rdma_cni.net.netns import CLONE_NEWNET, CLONE_NEWNS, libc, setns
 
 _own_mounts: tuple[int, int] | None = None  # (dev, inode) of the agent's mount namespace (warm())
@@ -71,8 +72,6 @@ def code_anchors() -> CodeAnchors:
     those paths are other files there (an agent container whose image is not the host's install),
     the call must not run in the agent at all.
     """
-    import rdma_cni
-
     anchors: CodeAnchors = {}
     for path in (sys.executable, os.path.dirname(os.path.abspath(rdma_cni.__file__))):
         try:

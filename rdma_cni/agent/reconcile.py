@@ -26,6 +26,12 @@ from typing import Any
 
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry
+from rdma_cni.cni import dispatch
+from rdma_cni.cni.errors import CniError
+from rdma_cni.net.netns import netns_inode
+from rdma_cni.plugins.ipvlan.config import parse_del_config as parse_shared_del_config
+from rdma_cni.plugins.macvlan.config import parse_del_config
+from rdma_cni.state import NodeState
 
 log = logging.getLogger("rdma-agent")
 
@@ -103,10 +109,6 @@ class Reconciler:
         metrics_events.report_reconcile(restored, failed)
 
     def _by_data_dir(self) -> Iterator[tuple[str, dict[str, Network]]]:
-        from rdma_cni.cni.errors import CniError
-        from rdma_cni.plugins.ipvlan.config import parse_del_config as parse_shared_del_config
-        from rdma_cni.plugins.macvlan.config import parse_del_config
-
         groups: dict[str, dict[str, Network]] = {}
         for net in self.networks(PLUGIN_TYPES):
             kind = str(net.conf.get("type"))
@@ -123,9 +125,6 @@ class Reconciler:
 
     def _reconcile_dir(self, data_dir: str, nets: dict[str, Network]) -> tuple[int, int]:
         """(attachments given back, DELs that failed) for one data dir."""
-        from rdma_cni.net.netns import netns_inode
-        from rdma_cni.state import NodeState
-
         restored = failed = 0
         for rec in NodeState(data_dir).attachments():
             if not os.path.isdir(os.path.dirname(rec.netns) or "/nonexistent"):
@@ -148,8 +147,6 @@ class Reconciler:
 
     def _delete(self, container_id: str, ifname: str, netns: str, net: Network) -> bool:
         """The plugin's own DEL, as containerd's second DEL sends it (no netns, no prevResult)."""
-        from rdma_cni.cni import dispatch
-
         env = {
             "CNI_COMMAND": "DEL",
             "CNI_CONTAINERID": container_id,

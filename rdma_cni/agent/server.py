@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from rdma_cni.agent import namespaces, prefault, worker
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry
+from rdma_cni.net.rtnl import light_pyroute2
 
 log = logging.getLogger("rdma-agent")
 
@@ -140,8 +141,6 @@ class Agent:
         from the caller's mount namespace)."""
         import importlib
         import pkgutil
-
-        from rdma_cni.net.rtnl import light_pyroute2
 
         light_pyroute2()
         names = list(WARM_MODULES)

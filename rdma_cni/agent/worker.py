@@ -18,9 +18,11 @@ import struct
 import sys
 import time
 
+from rdma_cni import log as plugin_log
 from rdma_cni.agent import namespaces, wire
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry, UnknownPlugin
+from rdma_cni.cni import dispatch
 
 log = logging.getLogger("rdma-agent")
 
@@ -135,8 +137,6 @@ def _accept_call(
 def run_as_caller(registry: Registry, plugin: str, env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:
     """Run the call the way the CNI executable would: its environment, a fresh logging setup, its
     stderr captured to send back. Returns (exit code, stdout, stderr)."""
-    from rdma_cni.cni import dispatch
-
     _become_environment(env)
     capture = os.memfd_create("rdma-agent-stderr", os.MFD_CLOEXEC)
     agent_stderr = os.dup(2)
@@ -177,8 +177,6 @@ def _become_environment(env: dict[str, str]) -> None:
 
 def _fresh_logging() -> None:
     """Forget the agent's own handlers: the plugin configures logging from its config, as cold."""
-    from rdma_cni import log as plugin_log
-
     root = logging.getLogger("rdma_cni")
     for handler in list(root.handlers):
         root.removeHandler(handler)

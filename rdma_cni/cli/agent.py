@@ -12,6 +12,9 @@ import logging
 import sys
 
 from rdma_cni.agent import client
+from rdma_cni.agent.metrics import events as metrics_events
+from rdma_cni.agent.metrics.address import listen, url_of
+from rdma_cni.agent.plugins import KNOWN
 from rdma_cni.agent.server import PREFORK, QUEUE_WAIT, WARM_WORKERS, Agent, AgentConfig
 
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
@@ -135,9 +138,7 @@ def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object
     reason) and give the agent the body of its metrics process. Returns the endpoint's record."""
     import os
 
-    from rdma_cni.agent.metrics import events as metrics_events
-    from rdma_cni.agent.metrics.address import listen, url_of
-    from rdma_cni.agent.reconcile import Reconciler
+    from rdma_cni.agent.reconcile import Reconciler  # lazy: see main()
 
     assert isinstance(reconciler, Reconciler)
     try:
@@ -149,7 +150,8 @@ def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object
     events = metrics_events.open_channel()
 
     def body() -> None:
-        # Imported here, in the metrics process only: the parent and its workers never load it.
+        # Imported here, in the metrics process only: the parent and its workers never load it
+        # (prometheus_client and the node readers: ~140 ms and their pages, python -X importtime).
         from rdma_cni.agent.metrics.node import NodeCollector, Sources, sources_of
         from rdma_cni.agent.metrics.server import serve
 
@@ -167,7 +169,7 @@ def _note_metrics(record: dict[str, object], socket_path: str) -> None:
     """The endpoint beside the socket, for cni-tool doctor (which cannot know the agent's flags)."""
     import os
 
-    from rdma_cni import durable
+    from rdma_cni import durable  # lazy: ~5 ms (python -X importtime) that --probe never needs
 
     path = os.path.join(os.path.dirname(os.path.abspath(socket_path)), METRICS_FILE)
     durable.atomic_write_json(path, record, mode=0o644, dir_mode=0o755, sync=False)
@@ -183,14 +185,14 @@ def main(argv: list[str] | None = None) -> None:
     log = logging.getLogger("rdma-agent")
     targets = None
     if args.plugin:
-        from rdma_cni.agent.plugins import KNOWN
-
         targets = dict(KNOWN)
         for item in args.plugin:
             name, sep, target = item.partition("=")
             if not sep or ":" not in target:
                 sys.exit(f"rdma-agent: --plugin {item!r}: expected NAME=MODULE:ATTR")
             targets[name] = target
+    # Here, not at the top: reconcile (the plugins' configs and state) costs ~35 ms (python -X
+    # importtime) that --probe, which kubelet runs every few seconds, never needs.
     from rdma_cni.agent.reconcile import Reconciler
 
     config = AgentConfig(

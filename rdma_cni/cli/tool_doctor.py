@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import click
 
+from rdma_cni.doctor.diagnose import diagnose
+from rdma_cni.doctor.findings import exit_code, render_json, render_text
 from rdma_cni.doctor.node import NodePaths
 
 
@@ -61,9 +63,6 @@ def paths_from(opts: dict[str, object]) -> NodePaths:
 @click.pass_context
 def doctor(ctx: click.Context, /, as_json: bool, **opts: object) -> None:
     """Check this node's RDMA prerequisites and the rdma-cni installation (exit 1 on any FAIL)."""
-    from rdma_cni.doctor.diagnose import diagnose
-    from rdma_cni.doctor.findings import exit_code, render_json, render_text
-
     findings = diagnose(paths_from(opts))
     click.echo(render_json(findings) if as_json else render_text(findings), nl=False)
     ctx.exit(exit_code(findings))

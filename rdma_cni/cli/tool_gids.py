@@ -13,6 +13,7 @@ import click
 
 from rdma_cni.cni.errors import CniError
 from rdma_cni.rdma import sysfs
+from rdma_cni.rdma.podview import read_in_netns
 from rdma_cni.rdma.sysfs import GidEntry
 
 HEADER = ("DEV", "PORT", "INDEX", "GID", "IPv4", "VER", "DEV")
@@ -51,8 +52,6 @@ def gids(device: str | None, sysfs_root: str, netns: str | None, as_json: bool) 
     """Show RDMA GID tables like show_gids (use the RoCE v2 IPv4 row's INDEX for NCCL_IB_GID_INDEX)."""
     try:
         if netns:
-            from rdma_cni.rdma.podview import read_in_netns
-
             raw = read_in_netns(netns, lambda root: collect(root, device), sysfs_root)
         else:
             raw = collect(sysfs_root, device)
@@ -71,8 +70,6 @@ def gids(device: str | None, sysfs_root: str, netns: str | None, as_json: bool) 
 
 def _devices(sysfs_root: str, netns: str | None) -> list[str]:
     if netns:
-        from rdma_cni.rdma.podview import read_in_netns
-
         devs = read_in_netns(netns, sysfs.list_devices, sysfs_root)
         return [str(d) for d in devs]
     return sysfs.list_devices(sysfs_root)

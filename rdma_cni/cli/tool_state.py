@@ -7,6 +7,9 @@ from __future__ import annotations
 import click
 
 from rdma_cni.cli.tool_doctor import node_options, paths_from
+from rdma_cni.doctor import shared_pools
+from rdma_cni.doctor.inventory import inventory, render_inventory, render_inventory_json
+from rdma_cni.doctor.node import observe
 
 
 @click.command("state")
@@ -17,10 +20,6 @@ def state(ctx: click.Context, /, as_json: bool, **opts: object) -> None:
     """Show pins (bond -> container/pod, next to the pod kubelet gave its device to) and the addresses
     the host is missing (exit 1 if any, or if a bond's IP is held by another pod than kubelet's)."""
     import json
-
-    from rdma_cni.doctor import shared_pools
-    from rdma_cni.doctor.inventory import inventory, render_inventory, render_inventory_json
-    from rdma_cni.doctor.node import observe
 
     paths = paths_from(opts)
     inv = inventory(observe(paths))

@@ -25,8 +25,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.inventory import host_ipv4
 from rdma_cni.devices.model import RdmaBond, Snapshot, natural_key
-from rdma_cni.rdma import sysfs
+from rdma_cni.rdma import records, sysfs
+from rdma_cni.state import NodeState
 
 log = logging.getLogger("rdma_cni.deviceplugin")
 
@@ -229,8 +231,6 @@ def common_gid_index(cfg: PluginConfig, bonds: Sequence[RdmaBond]) -> int | None
 
 def host_gid_indexes(cfg: PluginConfig, bonds: Sequence[RdmaBond]) -> dict[str, int | None]:
     """device ID -> the host's RoCE v2 IPv4 GID index, read now (see the module doc)."""
-    from rdma_cni.devices.inventory import host_ipv4
-
     addrs = host_ipv4(b.netdev for b in bonds)
     recorded: dict[str, int] | None = None
     out: dict[str, int | None] = {}
@@ -253,9 +253,6 @@ def _live_index(sysfs_root: str, bond: RdmaBond, ipv4: Sequence[str]) -> int | N
 def recorded_host_indexes(cfg: PluginConfig) -> dict[str, int]:
     """bond netdev -> the host GID index rdma-macvlan recorded before it moved the address into a
     pod (``hostGidIndex`` in the attachment record), else the one in ``runDir/gid/host.json``."""
-    from rdma_cni.rdma import records
-    from rdma_cni.state import NodeState
-
     out: dict[str, int] = {}
     for port in records.read_host_record(cfg.run_dir).get("ports", []):
         if isinstance(port, dict) and isinstance(port.get("netdev"), str) and _is_index(port.get("gidIndex")):

@@ -42,7 +42,10 @@ from rdma_cni.devices.pools import (
     member_ids,
     shared_members,
 )
+from rdma_cni.net.netns import netns_inode
+from rdma_cni.net.nlsock import RtnlSocket, attributes
 from rdma_cni.rdma import sysfs
+from rdma_cni.state import ATTACHMENTS_DIR, NodeState
 
 if TYPE_CHECKING:
     from rdma_cni.state import AttachmentRecord
@@ -142,8 +145,6 @@ def _links_and_addresses(netdevs: Iterable[str]) -> tuple[dict[str, tuple[int, i
     One GETLINK per bond rather than a dump: a node netns may hold hundreds of pod veths, and each
     link message is ~40 attributes to walk. Addresses are read from the raw dump (the header and
     two attributes): decoding each message with pyroute2 cost more than the rest of a scan."""
-    from rdma_cni.net.nlsock import RtnlSocket
-
     links: dict[str, tuple[int, int]] = {}
     with RtnlSocket() as ipr:
         for name in dict.fromkeys(netdevs):
@@ -164,8 +165,6 @@ def _links_and_addresses(netdevs: Iterable[str]) -> tuple[dict[str, tuple[int, i
 def _address_of(msg: bytes) -> tuple[int, int, str] | None:
     """(family, ifindex, address) of an RTM_NEWADDR message: IPv4 (IFA_LOCAL is the address on a
     peer link), or IPv6 of global scope (a link-local belongs to the bond's MAC, not its network)."""
-    from rdma_cni.net.nlsock import attributes
-
     family, _, flags, scope, index = _IFADDRMSG.unpack_from(msg, _NLMSGHDR_SIZE)
     size = {socket.AF_INET: 4, socket.AF_INET6: 16}.get(family)
     if size is None:
@@ -201,8 +200,6 @@ def dev_path(cfg: PluginConfig, name: str) -> str:
 
 
 def _netns_alive(netns: str, inode: int) -> bool:
-    from rdma_cni.net.netns import netns_inode
-
     if not netns:
         return False
     now = netns_inode(netns)
@@ -218,8 +215,6 @@ def _attachments(data_dir: str) -> list[AttachmentRecord]:
     torn record would otherwise be parsed (and logged as unreadable) on every one of them. The
     kernel stamps mtimes from a coarse clock (a few ms), so two writes can share one: a directory
     changed within the last second is always read again."""
-    from rdma_cni.state import ATTACHMENTS_DIR, NodeState
-
     try:
         st = os.stat(os.path.join(data_dir, ATTACHMENTS_DIR))
     except OSError:

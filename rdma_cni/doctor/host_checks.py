@@ -10,6 +10,7 @@ from socket import AF_INET
 
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
+from rdma_cni.net.addresses import cidr
 from rdma_cni.state import AttachmentRecord
 
 ALIGNING_POLICIES = ("best-effort", "restricted", "single-numa-node")
@@ -80,8 +81,6 @@ def _who(rec: AttachmentRecord) -> str:
 
 def _recorded_ipv4(rec: AttachmentRecord, bond: str) -> list[str]:
     """The IPv4 CIDRs the write-ahead record took from ``bond`` (what DEL will give back)."""
-    from rdma_cni.net.addresses import cidr
-
     return [cidr(a) for b in rec.bonds if b.bond == bond for a in b.addresses if a.get("family") == AF_INET]
 
 

@@ -9,9 +9,13 @@ import json
 import os
 from typing import Any
 
+from rdma_cni.cni import conflist
 from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.node import DELEGATE_NAME, DELEGATE_SUBDIR, META_NAME, NodeSnapshot
+from rdma_cni.doctor.shared_pools import find_config
+from rdma_cni.plugins.ipvlan import config as ipvlan_config
+from rdma_cni.plugins.macvlan import config as macvlan_config
 
 PLUGINS = ("rdma-macvlan", "rdma-multus")
 SHARED_PLUGIN = "rdma-ipvlan"  # checked too where an rdma-ipvlan network is installed (shared mode)
@@ -123,8 +127,6 @@ def _meta_plugin(conf_dir: str, files: list[str]) -> dict[str, Any] | None:
 
 
 def _delegate_finding(snap: NodeSnapshot) -> Finding:
-    from rdma_cni.plugins.macvlan.config import parse_config
-
     path = os.path.join(snap.paths.conf_dir, DELEGATE_SUBDIR, f"{DELEGATE_NAME}.conf")
     name = f"config {DELEGATE_NAME}"
     shared = None if os.path.exists(path) else _shared_config(snap.paths.conf_dir)
@@ -132,7 +134,7 @@ def _delegate_finding(snap: NodeSnapshot) -> Finding:
         return _shared_delegate_finding(*shared)
     try:
         raw = _load_json(path)
-        cfg = parse_config(raw)
+        cfg = macvlan_config.parse_config(raw)
     except OSError:
         return Finding(
             name,
@@ -150,27 +152,21 @@ def _delegate_finding(snap: NodeSnapshot) -> Finding:
 
 
 def _shared_config(conf_dir: str) -> tuple[str, dict[str, Any]] | None:
-    from rdma_cni.doctor.shared_pools import find_config
-
     return find_config(conf_dir)
 
 
 def _shared_delegate_finding(path: str, raw: dict[str, Any]) -> Finding:
     """A shared-mode node: rdma-ipvlan's network in place of tke-rdma-macvlan's, read as the plugin
     reads it (a bad key is the plugin's own error 7 message)."""
-    from rdma_cni.plugins.ipvlan.config import parse_config
-
     name = f"config {raw.get('name') or SHARED_PLUGIN}"
     try:
-        cfg, _ = parse_config(raw)
+        cfg, _ = ipvlan_config.parse_config(raw)
     except CniError as exc:
         return Finding(name, FAIL, f"{path}: {exc.msg}", "fix the key named, or reinstall with install.sh")
     return Finding(name, OK, f"{path}: shared mode, link {cfg.link}, dataDir {cfg.data_dir}")
 
 
 def _default_delegates(conf_dir: str, meta: dict[str, Any]) -> list[Finding]:
-    from rdma_cni.cni import conflist
-
     names = meta.get("defaultDelegates", "")
     wanted = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names or [])
     delegate_dir = os.path.join(conf_dir, DELEGATE_SUBDIR)

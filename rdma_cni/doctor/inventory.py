@@ -20,20 +20,18 @@ from typing import Any
 from rdma_cni.doctor.deviceplugin import pods_without_rdma, snapshot_allocations
 from rdma_cni.doctor.node import NodeSnapshot, pod_names
 from rdma_cni.doctor.plugin_view import ABSENT, DevicePluginView
+from rdma_cni.net.addresses import cidr
+from rdma_cni.net.rtnl import attr
 from rdma_cni.state import AttachmentRecord, BondRecord, bond_drift
 
 
 def _addresses(rec: AttachmentRecord, bond: str) -> list[str]:
-    from rdma_cni.net.addresses import cidr
-
     return [cidr(a) for b in rec.bonds if b.bond == bond for a in b.addresses]
 
 
 def _pod_rules(b: BondRecord) -> list[dict[str, Any]]:
     """The ``from <address> lookup <table>`` rules ADD created in the pod for a bond whose routes
     went to a table of their own (a rule the pod already had is not ours and not recorded)."""
-    from rdma_cni.net.rtnl import attr
-
     return [{"priority": attr(r, "FRA_PRIORITY"), "from": attr(r, "FRA_SRC"),
              "table": attr(r, "FRA_TABLE", r.get("table"))} for r in b.pod_rules]
 

@@ -19,6 +19,7 @@ from typing import Any
 from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import OK, SKIP, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
+from rdma_cni.net.netns import entered, open_netns
 
 NOTE = "agent-metrics.json"
 DEFAULT_SOCKET = "/run/rdma-cni/agent.sock"
@@ -89,7 +90,6 @@ def _connect(host: str, port: int, netns: str) -> socket.socket:
     """A socket belongs to the netns it was created in: create (and connect) it in the node's."""
     if not netns:
         return socket.create_connection((host, port), timeout=TIMEOUT)
-    from rdma_cni.net.netns import entered, open_netns
 
     with open_netns(netns) as ns, entered(ns):
         return socket.create_connection((host, port), timeout=TIMEOUT)

@@ -15,8 +15,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_cni.cni.cache import ResultCache
 from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.plugin_view import DEFAULT_RESOURCE, DevicePluginView, observe_device_plugin
+from rdma_cni.net import addresses, links
+from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.rdma import records, sysfs
 from rdma_cni.rdma.sysfs import GidEntry, RdmaPort
 from rdma_cni.state import AttachmentRecord, NodeState, SkippedRestore
@@ -65,8 +68,6 @@ class NodeSnapshot:
 
 def pod_names(results_dirs: tuple[str, ...], container_id: str) -> str:
     """``namespace/name`` of the pod whose sandbox is ``container_id``, from any libcni cache."""
-    from rdma_cni.cni.cache import ResultCache
-
     for d in results_dirs:
         for entry in ResultCache(d).entries(container_id=container_id):
             args = dict(entry.cni_args)
@@ -133,9 +134,6 @@ def _host_addresses(
 ) -> dict[str, list[str]]:
     """IPv4 CIDRs of each netdev in the node netns (rtnetlink); a missing link is left out.
     ``ipv6`` gets each netdev's movable (global, not kernel-made) IPv6 CIDRs."""
-    from rdma_cni.net import addresses, links
-    from rdma_cni.net.netns import netlink_in, open_netns
-
     out: dict[str, list[str]] = {}
     try:
         ns = open_netns(netns) if netns else None
@@ -164,8 +162,6 @@ def _host_addresses(
 
 
 def _netns_alive(rec: AttachmentRecord) -> bool:
-    from rdma_cni.net.netns import netns_inode
-
     if not rec.netns:
         return False
     inode = netns_inode(rec.netns)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rdma_cni.cni.errors import CniError
+from rdma_cni.kube import podresources
 
 DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 STATUS_FILE = os.path.join("device-plugin", "status.json")
@@ -58,7 +59,6 @@ def observe_device_plugin(
     status, status_error = _read_status(status_path)
     if status and isinstance(status.get("resourceName"), str) and status["resourceName"]:
         resource = status["resourceName"]
-    from rdma_cni.kube import podresources
 
     sock = podresources.socket_path(pod_resources_dir)
     pods: dict[PodKey, dict[str, list[str]]] | None = None

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
+from rdma_cni.net import addresses, links, routes
+from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
+from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses, node_wide
+from rdma_cni.plugins.ipvlan.config import parse_del_config
+from rdma_cni.plugins.ipvlan.pool import free_count, parse_span
+from rdma_cni.rdma import sysfs
+from rdma_cni.state import NodeState
 
 if TYPE_CHECKING:
     from rdma_cni.doctor.node import NodeSnapshot
@@ -90,15 +98,6 @@ def _listdir(path: str) -> list[str]:
 
 def observe(conf_dir: str, netns: str = "", sysfs_root: str = "", data_dir: str = "") -> SharedPools | None:
     """What the node's bonds and the plugin's records say now; None without an rdma-ipvlan network."""
-    from rdma_cni.cni.errors import CniError
-    from rdma_cni.net import addresses, links, routes
-    from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
-    from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses, node_wide
-    from rdma_cni.plugins.ipvlan.config import parse_del_config
-    from rdma_cni.plugins.ipvlan.pool import free_count, parse_span
-    from rdma_cni.rdma import sysfs
-    from rdma_cni.state import NodeState
-
     found = find_config(conf_dir)
     if found is None:
         return None

@@ -5,9 +5,13 @@ theirs), and any give-back that left a re-addressed bond's old addresses out (WA
 
 from __future__ import annotations
 
+from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
-from rdma_cni.state import PHASE_ADDING, PHASE_IPAM_PENDING
+from rdma_cni.doctor.shared_pools import find_config
+from rdma_cni.plugins.ipvlan.config import parse_del_config
+from rdma_cni.rdma import records
+from rdma_cni.state import PHASE_ADDING, PHASE_IPAM_PENDING, NodeState
 
 
 def check_state(snap: NodeSnapshot) -> list[Finding]:
@@ -72,8 +76,6 @@ def check_state(snap: NodeSnapshot) -> list[Finding]:
 
 
 def _stale_gid_records(snap: NodeSnapshot) -> list[Finding]:
-    from rdma_cni.rdma import records
-
     known = {rec.container_id for rec in snap.attachments} | _shared_mode_containers(snap.paths.conf_dir)
     out = []
     for cid, ifnames in records.list_pod_records(snap.run_dir).items():
@@ -92,11 +94,6 @@ def _stale_gid_records(snap: NodeSnapshot) -> list[Finding]:
 def _shared_mode_containers(conf_dir: str) -> set[str]:
     """Containers rdma-ipvlan holds addresses for: their GID records (``mode: shared``) sit in the
     same runDir as rdma-macvlan's and are theirs, not left behind."""
-    from rdma_cni.cni.errors import CniError
-    from rdma_cni.doctor.shared_pools import find_config
-    from rdma_cni.plugins.ipvlan.config import parse_del_config
-    from rdma_cni.state import NodeState
-
     found = find_config(conf_dir)
     if found is None:
         return set()

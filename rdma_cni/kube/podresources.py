@@ -129,6 +129,8 @@ def _devices_of(pod: pb.PodResources) -> dict[str, list[str]]:
 def _call(socket: str, timeout: float, what: str, ask: Callable[[PodResourcesListerStub, Any], _T]) -> _T:
     """One channel for one question, closed before returning (no gRPC connection outlives the call);
     every gRPC failure becomes one CniError sentence naming the socket and the likely fix."""
+    # Here, not at the top: grpc and the generated stubs cost ~100 ms (python -X importtime), paid
+    # only by a call that reaches a live PodResources socket (available() is a stat).
     import grpc
 
     from rdma_cni.proto import podresources_v1_pb2 as pb

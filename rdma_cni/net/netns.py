@@ -19,12 +19,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rdma_cni.cni.errors import INVALID_ENV, CniError
-
-if TYPE_CHECKING:
-    from rdma_cni.net.nlsock import RtnlSocket
+from rdma_cni.net.nlsock import RtnlSocket
+from rdma_cni.net.rtnl import light_pyroute2
 
 NSFS_MAGIC = 0x6E736673
 CLONE_NEWNET = 0x40000000
@@ -155,8 +154,6 @@ def entered(ns: Netns) -> Iterator[None]:
 def netlink_in(ns: Netns | None) -> RtnlSocket:
     """An rtnetlink socket bound to ``ns`` (None: the current netns). A netlink socket belongs to
     the netns it was created in, so the thread only visits ``ns`` for the ``socket()`` call."""
-    from rdma_cni.net.nlsock import RtnlSocket
-
     if ns is None:
         return RtnlSocket()
     with entered(ns):
@@ -166,8 +163,6 @@ def netlink_in(ns: Netns | None) -> RtnlSocket:
 def iproute_in(ns: Netns | None) -> Any:
     """pyroute2's full ``IPRoute`` bound to ``ns``: for tools that want its whole API (the simulated
     node); the plugin's own path uses :func:`netlink_in`."""
-    from rdma_cni.net.rtnl import light_pyroute2
-
     light_pyroute2()
     from pyroute2.iproute.linux import IPRoute
 

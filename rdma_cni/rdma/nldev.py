@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from rdma_cni.net.netns import Netns, entered
+
 NETLINK_RDMA = 20
 RDMA_NL_NLDEV = 5
 
@@ -403,7 +405,6 @@ def _socket_in(netns_fd: int | None) -> NldevSocket:
     pod is only visible, and can only be sent back, from inside that pod's netns)."""
     if netns_fd is None:
         return NldevSocket()
-    from rdma_cni.net.netns import Netns, entered
 
     with entered(Netns("", netns_fd, 0)):
         return NldevSocket()

@@ -52,6 +52,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from rdma_cni.devices.inventory import numa_of
+from rdma_cni.doctor import shared_pools
+from rdma_cni.doctor.node import pod_names
+from rdma_cni.net import addresses, links
+from rdma_cni.net.addresses import ip_of
+from rdma_cni.net.netns import netlink_in, netns_inode
 from rdma_cni.rdma import counters, sysfs
 from rdma_cni.rdma.sysfs import RdmaPort
 from rdma_cni.state import PHASE_ADDED, PHASE_ADDING, AttachmentRecord, NodeState
@@ -122,9 +128,6 @@ def read_view(src: Sources) -> NodeView:
 
 
 def _host_ipv4(netdevs: list[str]) -> dict[str, list[str]]:
-    from rdma_cni.net import addresses, links
-    from rdma_cni.net.netns import netlink_in
-
     out: dict[str, list[str]] = {}
     ipr = netlink_in(None)
     try:
@@ -138,8 +141,6 @@ def _host_ipv4(netdevs: list[str]) -> dict[str, list[str]]:
 
 
 def _netns_alive(rec: AttachmentRecord) -> bool:
-    from rdma_cni.net.netns import netns_inode
-
     if not rec.netns:
         return False
     inode = netns_inode(rec.netns)
@@ -147,15 +148,11 @@ def _netns_alive(rec: AttachmentRecord) -> bool:
 
 
 def _record_ipv4(rec: AttachmentRecord, bond: str) -> list[str]:
-    from rdma_cni.net.addresses import ip_of
-
     return [ip_of(a) for b in rec.bonds if b.bond == bond for a in b.addresses if ":" not in ip_of(a)]
 
 
 def _numa(root: str, port: RdmaPort) -> str:
     """The device's NUMA node as the device plugin reads it (its PCI parent's ``numa_node``)."""
-    from rdma_cni.devices.inventory import numa_of
-
     node = numa_of(root, port.device)
     return "" if node is None else str(node)
 
@@ -204,8 +201,6 @@ class NodeCollector(Collector):
         """Per bond of the rdma-ipvlan network: addresses held and free (``cni-tool state``'s
         numbers), and one series per pod address: 1 while its pod's netns lives, 0 once it is gone
         (DEL/GC has yet to free it)."""
-        from rdma_cni.doctor import shared_pools
-
         pools = shared_pools.observe(src.conf_dir) if src.conf_dir else None
         if pools is None:
             return []
@@ -297,7 +292,6 @@ class NodeCollector(Collector):
         it kept them) the libcni result cache's."""
         if rec.pod_name:
             return rec.pod_namespace, rec.pod_name
-        from rdma_cni.doctor.node import pod_names
 
         found = pod_names(self.results_dirs or src.results_dirs, rec.container_id)
         namespace, _, name = found.partition("/")

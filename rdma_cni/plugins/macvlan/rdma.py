@@ -18,7 +18,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import NO_RDMA_DEVICE, RDMA_MODE_MISMATCH, CniError
-from rdma_cni.net import addresses
+from rdma_cni.net import addresses, links
 from rdma_cni.net.netns import Netns, open_netns
 from rdma_cni.rdma import gid, mode, nldev, records, sysfs
 from rdma_cni.state import AttachmentRecord, BondRecord
@@ -169,8 +169,6 @@ def detach(cfg: MacvlanConfig, rec: AttachmentRecord, b: BondRecord, pod_ns: Net
 
 def refresh_host_record(cfg: MacvlanConfig, host: Any) -> None:
     """Keep ``runDir/gid/host.json`` current; never fails a verb (it is advisory for readers)."""
-    from rdma_cni.net import links
-
     try:
         if not os.path.isdir(os.path.join(cfg.sysfs_root, "class", "infiniband")):
             return

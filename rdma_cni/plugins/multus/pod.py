@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from rdma_cni.cni.errors import KUBE_API_FAILURE, CniError
 from rdma_cni.cni.request import Request
+from rdma_cni.kube.checkpoint import pod_devices
 from rdma_cni.kube.pod import Pod
 from rdma_cni.plugins.multus.config import MultusConfig
 from rdma_cni.plugins.multus.networks import NetworkSelection, parse_annotation
@@ -79,6 +80,8 @@ class PodView:
     def _from_pod_resources(self) -> dict[str, list[str]] | None:
         if not self.namespace or not self.name:
             return None
+        # Here, not at the top: rdma_cni.kube.podresources costs ~4.5 ms of a cold multus call
+        # (python -X importtime), and a call with no pod name never asks kubelet.
         from rdma_cni.kube import podresources
 
         sock = podresources.socket_path(self.cfg.pod_resources_dir)
@@ -104,8 +107,6 @@ class PodView:
             uid = pod.uid if pod else ""
         if not uid:
             return {}
-        from rdma_cni.kube.checkpoint import pod_devices
-
         return pod_devices(self.cfg.device_plugin_dir, uid)
 
     def requested(self, resource: str) -> int:
@@ -128,6 +129,9 @@ class PodView:
         """The API client of this call, built once: the pod GET, NetworkAttachmentDefinition GETs
         and the network-status PATCH share its kubeconfig read and TLS context."""
         if self._api is None:
+            # Here, not at the top: the API client and the kubeconfig reader (http.client, ssl,
+            # yaml) cost ~80 ms of a cold multus call (python -X importtime), which a call whose
+            # runtime handed over the pod's annotations never pays.
             from rdma_cni.kube import kubeconfig
             from rdma_cni.kube.client import PodClient
 
