@@ -316,7 +316,7 @@ class _Generation:
     """One server on one socket; replaced as a whole on every restart, never repaired."""
 
     path: str
-    inode: int | None
+    inode: int | None  # None: deleted (kubelet's cleanup) before it could be looked at
     service: GpuService
     server: grpc.Server
 
@@ -418,7 +418,7 @@ class GpuPlugin:
         just bound, and a call on a deleted path would only time out."""
         deadline = time.monotonic() + PROVE_TIMEOUT_S
         while True:
-            if socket_inode(gen.path) != gen.inode:
+            if gen.inode is None or socket_inode(gen.path) != gen.inode:
                 return f"own socket {gen.path} was deleted before it answered"
             try:
                 with grpc.insecure_channel(f"unix:{gen.path}") as channel:
