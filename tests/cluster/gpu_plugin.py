@@ -23,10 +23,11 @@ never fails; one ``ContainerAllocateResponse`` per container request. A restarte
 every socket in the directory and re-creates ``kubelet.sock``, and never dials a plugin again on its
 own: the plugin watches its own socket and ``kubelet.sock``'s inode (an ``lstat`` every
 ``WATCH_S``, as Mellanox's plugin does; the deletion and re-creation are both caught) and, on
-either sign, starts over: new server, new socket, Register again. Each generation's socket has a
-name of its own (``nvidia-gpu-<ns>.sock``, as rdma-cni's plugin and k8s' sample plugin do): gRPC
-shares one connection backoff per target, so a path that just failed (deleted by kubelet's cleanup)
-would keep a new server on the same path unreachable for seconds; a new name is a new target.
+either sign, starts over: new server, new socket, Register again. A socket that kubelet's start-up
+cleanup deletes before it answered is a reason to start over too. Each generation's socket has a
+name of its own (``nvidia-gpu-<ns>.sock``, as rdma-cni's plugin and k8s' sample plugin do): an old
+and a new instance never share a path (k8s #121994), and a client's gRPC reconnect backoff for a
+path that just failed never applies to the new server.
 
 CLI (logs to stderr, SIGTERM/SIGINT end it cleanly and remove its socket)::
 
