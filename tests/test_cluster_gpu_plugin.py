@@ -75,10 +75,14 @@ def numa_of(devs: list[Dev]) -> dict[str, tuple[int, ...]]:
 def test_layout_puts_two_gpus_and_two_bonds_on_each_root_and_two_roots_on_each_numa_node() -> None:
     gpus = gp.layout()
     assert [(g.id, g.numa, g.root) for g in gpus] == [
-        ("gpu-0", 0, "pci0000:00"), ("gpu-1", 0, "pci0000:00"),
-        ("gpu-2", 0, "pci0000:20"), ("gpu-3", 0, "pci0000:20"),
-        ("gpu-4", 1, "pci0000:40"), ("gpu-5", 1, "pci0000:40"),
-        ("gpu-6", 1, "pci0000:60"), ("gpu-7", 1, "pci0000:60"),
+        ("gpu-0", 0, "pci0000:00"),
+        ("gpu-1", 0, "pci0000:00"),
+        ("gpu-2", 0, "pci0000:20"),
+        ("gpu-3", 0, "pci0000:20"),
+        ("gpu-4", 1, "pci0000:40"),
+        ("gpu-5", 1, "pci0000:40"),
+        ("gpu-6", 1, "pci0000:60"),
+        ("gpu-7", 1, "pci0000:60"),
     ]
     bonds = gp.bond_layout()
     # GPU i and bond i share root and NUMA node; the bonds' roots are the simulated sysfs's
@@ -92,36 +96,42 @@ def test_layout_puts_two_gpus_and_two_bonds_on_each_root_and_two_roots_on_each_n
         gp.layout(16, 2, 16)
 
 
-@pytest.mark.parametrize(("available", "must", "size", "expected"), [
-    (ALL, [], 4, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]),  # one NUMA node, two whole roots
-    (ALL, ["gpu-5"], 4, ["gpu-5", "gpu-4", "gpu-6", "gpu-7"]),  # must_include's NUMA node
-    (ALL, ["gpu-2"], 2, ["gpu-2", "gpu-3"]),  # must_include's root
-    # NUMA 0 has only 3 left, NUMA 1 has 4: a 4-GPU request goes to NUMA 1
-    (["gpu-0", "gpu-2", "gpu-3", *ALL[4:]], [], 4, ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),
-    # a whole root before two halves; then the one that breaks no whole root
-    (["gpu-0", "gpu-2", "gpu-4", "gpu-5", "gpu-6", "gpu-7"], [], 2, ["gpu-4", "gpu-5"]),
-    (["gpu-0", "gpu-1", "gpu-2"], [], 1, ["gpu-2"]),
-    # NUMA 0 is partly taken: a 2-GPU request fills it rather than breaking NUMA 1
-    (["gpu-2", "gpu-3", *ALL[4:]], [], 2, ["gpu-2", "gpu-3"]),
-    (["gpu-1", "gpu-7"], [], 4, ["gpu-1", "gpu-7"]),  # more asked than offered: all of it
-    (["gpu-0", "bogus", "gpu-4"], [], 1, ["gpu-0"]),  # an unknown ID sorts last, never raises
-])
+@pytest.mark.parametrize(
+    ("available", "must", "size", "expected"),
+    [
+        (ALL, [], 4, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]),  # one NUMA node, two whole roots
+        (ALL, ["gpu-5"], 4, ["gpu-5", "gpu-4", "gpu-6", "gpu-7"]),  # must_include's NUMA node
+        (ALL, ["gpu-2"], 2, ["gpu-2", "gpu-3"]),  # must_include's root
+        # NUMA 0 has only 3 left, NUMA 1 has 4: a 4-GPU request goes to NUMA 1
+        (["gpu-0", "gpu-2", "gpu-3", *ALL[4:]], [], 4, ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),
+        # a whole root before two halves; then the one that breaks no whole root
+        (["gpu-0", "gpu-2", "gpu-4", "gpu-5", "gpu-6", "gpu-7"], [], 2, ["gpu-4", "gpu-5"]),
+        (["gpu-0", "gpu-1", "gpu-2"], [], 1, ["gpu-2"]),
+        # NUMA 0 is partly taken: a 2-GPU request fills it rather than breaking NUMA 1
+        (["gpu-2", "gpu-3", *ALL[4:]], [], 2, ["gpu-2", "gpu-3"]),
+        (["gpu-1", "gpu-7"], [], 4, ["gpu-1", "gpu-7"]),  # more asked than offered: all of it
+        (["gpu-0", "bogus", "gpu-4"], [], 1, ["gpu-0"]),  # an unknown ID sorts last, never raises
+    ],
+)
 def test_preferred_allocation(available: list[str], must: list[str], size: int, expected: list[str]) -> None:
     assert gp.preferred(gp.layout(), available, must, size) == expected
 
 
 def test_allocation_envs_name_each_gpus_root_and_numa_node_in_index_order() -> None:
     envs = gp.allocation_envs(gp.layout(), ["gpu-5", "gpu-4"])
-    assert envs == {"NVIDIA_VISIBLE_DEVICES": "gpu-4,gpu-5",
-                    "RDMA_CNI_TEST_GPU_PCIE_ROOTS": "pci0000:40,pci0000:40",
-                    "RDMA_CNI_TEST_GPU_NUMA_NODES": "1,1"}
+    assert envs == {
+        "NVIDIA_VISIBLE_DEVICES": "gpu-4,gpu-5",
+        "RDMA_CNI_TEST_GPU_PCIE_ROOTS": "pci0000:40,pci0000:40",
+        "RDMA_CNI_TEST_GPU_NUMA_NODES": "1,1",
+    }
 
 
 # --------------------------------------------------------------------------- against the kubelet
 
 
 def test_registers_and_lists_eight_healthy_gpus_with_their_numa_nodes(
-        kubelet: TestKubelet, plugin: gp.GpuPlugin) -> None:
+    kubelet: TestKubelet, plugin: gp.GpuPlugin
+) -> None:
     ep = kubelet.wait_endpoint(gp.RESOURCE)
     assert re.fullmatch(r"nvidia-gpu-\d+\.sock", ep.endpoint), ep.endpoint
     assert ep.options.get_preferred_allocation_available
@@ -148,9 +158,11 @@ def test_allocate_answers_the_env_and_no_device_nodes(kubelet: TestKubelet, plug
     resp = ep.allocate(["gpu-3", "gpu-0", "gpu-1", "gpu-2"], ["gpu-7"])
     assert len(resp.container_responses) == 2
     first, second = resp.container_responses
-    assert dict(first.envs) == {"NVIDIA_VISIBLE_DEVICES": "gpu-0,gpu-1,gpu-2,gpu-3",
-                                "RDMA_CNI_TEST_GPU_PCIE_ROOTS": "pci0000:00,pci0000:00,pci0000:20,pci0000:20",
-                                "RDMA_CNI_TEST_GPU_NUMA_NODES": "0,0,0,0"}
+    assert dict(first.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": "gpu-0,gpu-1,gpu-2,gpu-3",
+        "RDMA_CNI_TEST_GPU_PCIE_ROOTS": "pci0000:00,pci0000:00,pci0000:20,pci0000:20",
+        "RDMA_CNI_TEST_GPU_NUMA_NODES": "0,0,0,0",
+    }
     assert dict(second.envs)["RDMA_CNI_TEST_GPU_PCIE_ROOTS"] == "pci0000:60"
     assert not first.devices and not first.mounts and not first.cdi_devices
     with pytest.raises(grpc.RpcError) as e:
@@ -229,9 +241,24 @@ def test_waits_for_a_kubelet_that_starts_later(short_dir: Path) -> None:
 def test_cli_serves_registers_and_ends_cleanly_on_sigterm(kubelet: TestKubelet) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests"), str(REPO)]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cluster.gpu_plugin", "--device-plugin-dir", kubelet.dir,
-         "--count", "4", "--numa-nodes", "2", "--roots", "2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "cluster.gpu_plugin",
+            "--device-plugin-dir",
+            kubelet.dir,
+            "--count",
+            "4",
+            "--numa-nodes",
+            "2",
+            "--roots",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ep = kubelet.wait_endpoint(gp.RESOURCE, timeout=20)
         _, devs = ep.wait_list(lambda d: len(d) == 4)
@@ -275,7 +302,8 @@ def test_kernel_formats() -> None:
     text = "Node 0 MemTotal:       17262328 kB\nNode 0 HugePages_Total:     3\n"
     assert nt.split_meminfo(text, 2) == [
         "Node 0 MemTotal:        8631164 kB\nNode 0 HugePages_Total:     2\n",
-        "Node 1 MemTotal:        8631164 kB\nNode 1 HugePages_Total:     1\n"]
+        "Node 1 MemTotal:        8631164 kB\nNode 1 HugePages_Total:     1\n",
+    ]
 
 
 def _copy_sysfs_nodes(dest: Path) -> Path:
@@ -308,14 +336,22 @@ def real_copy(short_dir: Path) -> Path:
 def test_a_one_node_tree_is_the_real_node_byte_for_byte(real_copy: Path, short_dir: Path) -> None:
     """nodes=1 writes what the kernel shows: the formats are the kernel's, not look-alikes."""
     tree = nt.build_numa_tree(short_dir / "one", 1, source=real_copy)
-    for rel in ("node0/cpulist", "node0/cpumap", "node0/distance", "node0/meminfo", "node0/numastat",
-                "node0/vmstat", *nt.NODE_LISTS):
+    for rel in (
+        "node0/cpulist",
+        "node0/cpumap",
+        "node0/distance",
+        "node0/meminfo",
+        "node0/numastat",
+        "node0/vmstat",
+        *nt.NODE_LISTS,
+    ):
         if (real_copy / rel).exists():
             assert (tree / rel).read_text() == (real_copy / rel).read_text(), rel
     for f in (real_copy / "node0" / "hugepages").glob("*/*"):
         assert (tree / "node0" / "hugepages" / f.parent.name / f.name).read_text() == f.read_text()
-    assert sorted(p.name for p in (tree / "node0").glob("cpu*[0-9]")) == \
-        sorted(p.name for p in (nt.SYS_NODE / "node0").glob("cpu*[0-9]"))
+    assert sorted(p.name for p in (tree / "node0").glob("cpu*[0-9]")) == sorted(
+        p.name for p in (nt.SYS_NODE / "node0").glob("cpu*[0-9]")
+    )
 
 
 def test_a_two_node_tree_read_by_cadvisors_rules(real_copy: Path, short_dir: Path) -> None:
@@ -381,10 +417,18 @@ def numa_probe(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[s
     def run(tree: Path | None, *wrap: str) -> dict[str, Any]:
         if tree not in builds:
             exe = out / f"probe{len(builds)}"
-            flags = [] if tree is None else [
-                "-ldflags", f"-X github.com/google/cadvisor/lib/utils/sysfs.nodeDir={tree}/"]
-            subprocess.run(["go", "build", *flags, "-o", str(exe), "."], cwd=PROBE, check=True,
-                           capture_output=True, timeout=900)
+            flags = (
+                []
+                if tree is None
+                else ["-ldflags", f"-X github.com/google/cadvisor/lib/utils/sysfs.nodeDir={tree}/"]
+            )
+            subprocess.run(
+                ["go", "build", *flags, "-o", str(exe), "."],
+                cwd=PROBE,
+                check=True,
+                capture_output=True,
+                timeout=900,
+            )
             builds[tree] = exe
         proc = subprocess.run([*wrap, str(builds[tree])], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr + proc.stdout
@@ -395,13 +439,16 @@ def numa_probe(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[s
 
 
 def _topology(result: dict[str, Any]) -> dict[int, tuple[list[int], int, list[int]]]:
-    return {n["node_id"]: ([t for c in n["cores"] for t in c["thread_ids"]], n["memory"], n["distances"])
-            for n in result["nodes"]}
+    return {
+        n["node_id"]: ([t for c in n["cores"] for t in c["thread_ids"]], n["memory"], n["distances"])
+        for n in result["nodes"]
+    }
 
 
 @pytest.mark.cluster
 def test_cadvisor_reads_two_numa_nodes_with_one_cpu_each_from_the_tree(
-        numa_probe: Callable[..., dict[str, Any]], short_dir: Path) -> None:
+    numa_probe: Callable[..., dict[str, Any]], short_dir: Path
+) -> None:
     if nt.parse_list(nt.SYS_CPU.joinpath("online").read_text()) != [0, 1]:
         pytest.skip("written for this 2-CPU machine")
     tree = nt.build_numa_tree(short_dir / "numa")
@@ -416,7 +463,8 @@ def test_cadvisor_reads_two_numa_nodes_with_one_cpu_each_from_the_tree(
 
 @pytest.mark.cluster
 def test_cadvisor_sees_the_tree_bind_mounted_over_sysfs_in_a_private_mount_namespace(
-        numa_probe: Callable[..., dict[str, Any]], short_dir: Path) -> None:
+    numa_probe: Callable[..., dict[str, Any]], short_dir: Path
+) -> None:
     """What a cluster node does: the same tree over the real path, cadvisor's real paths unchanged."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1)")

@@ -116,8 +116,10 @@ MAX_ROOTS = 0x100 // 0x20  # the simulated sysfs's root names repeat after 8
 def check_shape(count: int, numa_nodes: int, roots: int) -> None:
     """ValueError unless ``count`` GPUs split evenly over ``roots`` roots and those over the NUMA nodes."""
     if count < 1 or numa_nodes < 1 or not 1 <= roots <= MAX_ROOTS:
-        raise ValueError(f"need count >= 1, numa-nodes >= 1, 1 <= roots <= {MAX_ROOTS} (got {count}, "
-                         f"{numa_nodes}, {roots})")
+        raise ValueError(
+            f"need count >= 1, numa-nodes >= 1, 1 <= roots <= {MAX_ROOTS} (got {count}, "
+            f"{numa_nodes}, {roots})"
+        )
     if count % roots or roots % numa_nodes:
         raise ValueError(f"{count} GPUs do not split evenly over {roots} roots on {numa_nodes} NUMA nodes")
 
@@ -127,8 +129,9 @@ def layout(count: int = 8, numa_nodes: int = 2, roots: int = 4) -> list[Gpu]:
     consecutive roots per NUMA node (defaults: root r = GPUs 2r, 2r+1, NUMA r // 2)."""
     check_shape(count, numa_nodes, roots)
     per_root, roots_per_numa = count // roots, roots // numa_nodes
-    return [Gpu(f"gpu-{i}", i, (i // per_root) // roots_per_numa, root_name(i // per_root))
-            for i in range(count)]
+    return [
+        Gpu(f"gpu-{i}", i, (i // per_root) // roots_per_numa, root_name(i // per_root)) for i in range(count)
+    ]
 
 
 def bond_layout(bonds: int = 8, numa_nodes: int = 2) -> dict[str, tuple[str, int]]:
@@ -142,8 +145,9 @@ def bond_layout(bonds: int = 8, numa_nodes: int = 2) -> dict[str, tuple[str, int
 # --------------------------------------------------------------------------- preferred allocation
 
 
-def preferred(gpus: Sequence[Gpu], available: Sequence[str], must_include: Sequence[str],
-              size: int) -> list[str]:
+def preferred(
+    gpus: Sequence[Gpu], available: Sequence[str], must_include: Sequence[str], size: int
+) -> list[str]:
     """The GPUs kubelet should take: ``must_include`` plus the best completion from ``available``.
 
     Best = fewest NUMA nodes spanned, then fewest PCIe roots spanned (whole roots: 4 GPUs are 2 roots,
@@ -179,8 +183,13 @@ def preferred(gpus: Sequence[Gpu], available: Sequence[str], must_include: Seque
         roots = _counts(where(d)[1] for d in chosen)
         half_roots = sum(1 for r, n in roots.items() if n < root_total[r])
         half_numas = sum(1 for m, n in numas.items() if n < numa_total[m])
-        return (len({where(d)[0] for d in taken}), len({where(d)[1] for d in taken}), half_roots, half_numas,
-                sorted(order(d) for d in chosen))
+        return (
+            len({where(d)[0] for d in taken}),
+            len({where(d)[1] for d in taken}),
+            half_roots,
+            half_numas,
+            sorted(order(d) for d in chosen),
+        )
 
     pool.sort(key=order)
     if math.comb(len(pool), needed) > MAX_COMBINATIONS:  # a big node: NUMA, root, index order
@@ -203,9 +212,12 @@ def _counts(items: Iterator[str]) -> dict[str, int]:
 
 def device_list(gpus: Sequence[Gpu]) -> pb.ListAndWatchResponse:
     """Every GPU, Healthy, with its NUMA node (what makes kubelet align it with the RDMA bonds)."""
-    return pb.ListAndWatchResponse(devices=[
-        pb.Device(ID=g.id, health=HEALTHY, topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=g.numa)]))
-        for g in gpus])
+    return pb.ListAndWatchResponse(
+        devices=[
+            pb.Device(ID=g.id, health=HEALTHY, topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=g.numa)]))
+            for g in gpus
+        ]
+    )
 
 
 def allocation_envs(gpus: Sequence[Gpu], ids: Sequence[str]) -> dict[str, str]:
@@ -213,9 +225,11 @@ def allocation_envs(gpus: Sequence[Gpu], ids: Sequence[str]) -> dict[str, str]:
     each one's PCIe root and NUMA node in the same order."""
     by_id = {g.id: g for g in gpus}
     chosen = sorted((by_id[i] for i in dict.fromkeys(ids)), key=lambda g: g.index)
-    return {ENV_VISIBLE: ",".join(g.id for g in chosen),
-            ENV_ROOTS: ",".join(g.root for g in chosen),
-            ENV_NUMA: ",".join(str(g.numa) for g in chosen)}
+    return {
+        ENV_VISIBLE: ",".join(g.id for g in chosen),
+        ENV_ROOTS: ",".join(g.root for g in chosen),
+        ENV_NUMA: ",".join(str(g.numa) for g in chosen),
+    }
 
 
 class GpuService(pb_grpc.DevicePluginServicer):
@@ -228,20 +242,23 @@ class GpuService(pb_grpc.DevicePluginServicer):
     def stop(self) -> None:
         self._stopping.set()
 
-    def GetDevicePluginOptions(self, request: pb.Empty,
-                               context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+    def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> pb.DevicePluginOptions:
         return OPTIONS
 
-    def ListAndWatch(self, request: pb.Empty,
-                     context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+    def ListAndWatch(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListAndWatchResponse]:
         yield device_list(self._gpus)
         # The devices never change: hold the stream open (kubelet marks every device unhealthy when
         # it ends) until kubelet cancels it or this generation stops.
         while context.is_active() and not self._stopping.wait(0.2):
             pass
 
-    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
-                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
         out = pb.PreferredAllocationResponse()
         for req in request.container_requests:
             available, must = list(req.available_deviceIDs), list(req.must_include_deviceIDs)
@@ -251,8 +268,9 @@ class GpuService(pb_grpc.DevicePluginServicer):
                 log.exception("preferred allocation failed; answering the first ones")
                 picks = must + [d for d in available if d not in must]
                 picks = picks[: max(req.allocation_size, len(must))]
-            log.info("GetPreferredAllocation %d of %s (must %s): %s", req.allocation_size, available, must,
-                     picks)
+            log.info(
+                "GetPreferredAllocation %d of %s (must %s): %s", req.allocation_size, available, must, picks
+            )
             out.container_responses.add(deviceIDs=picks)
         return out
 
@@ -263,14 +281,18 @@ class GpuService(pb_grpc.DevicePluginServicer):
             try:
                 envs = allocation_envs(self._gpus, ids)
             except KeyError as e:
-                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"unknown GPU {e.args[0]!r} (have "
-                       f"{', '.join(g.id for g in self._gpus)})")
+                _abort(
+                    context,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"unknown GPU {e.args[0]!r} (have {', '.join(g.id for g in self._gpus)})",
+                )
             out.container_responses.add(envs=envs)
             log.info("Allocate %s: %s", ids, envs)
         return out
 
-    def PreStartContainer(self, request: pb.PreStartContainerRequest,
-                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
 
 
@@ -335,8 +357,13 @@ class GpuPlugin:
     ``registrations`` counts successful Register calls (a test waits for the second one after a
     kubelet restart)."""
 
-    def __init__(self, gpus: Sequence[Gpu], device_plugin_dir: str = DEFAULT_DIR,
-                 resource_name: str = RESOURCE, socket_base: str = SOCKET_BASE) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[Gpu],
+        device_plugin_dir: str = DEFAULT_DIR,
+        resource_name: str = RESOURCE,
+        socket_base: str = SOCKET_BASE,
+    ) -> None:
         self.gpus = list(gpus)
         self.dir = device_plugin_dir
         self.resource_name = resource_name
@@ -391,8 +418,9 @@ class GpuPlugin:
             path = os.path.join(self.dir, f"{self.socket_base}-{time.time_ns()}.sock")
             try:
                 os.makedirs(self.dir, mode=0o750, exist_ok=True)
-                server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
-                                                                thread_name_prefix="gpu-grpc"))
+                server = grpc.server(
+                    futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="gpu-grpc")
+                )
                 pb_grpc.add_DevicePluginServicer_to_server(service, server)
                 server.add_insecure_port(f"unix:{path}")
                 server.start()
@@ -413,7 +441,7 @@ class GpuPlugin:
         return None
 
     def _prove(self, gen: _Generation) -> str:
-        """"" once ``gen`` answers a real call on its socket (a bound socket is not yet a serving one,
+        """ "" once ``gen`` answers a real call on its socket (a bound socket is not yet a serving one,
         and kubelet dials back inside Register); else why not. Short tries with a look at the socket
         between them: a kubelet starting up deletes every socket in the directory, maybe the one
         just bound, and a call on a deleted path would only time out."""
@@ -424,7 +452,8 @@ class GpuPlugin:
             try:
                 with grpc.insecure_channel(f"unix:{gen.path}") as channel:
                     pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
-                        pb.Empty(), timeout=PROVE_TRY_S, wait_for_ready=True)
+                        pb.Empty(), timeout=PROVE_TRY_S, wait_for_ready=True
+                    )
                 return ""
             except grpc.RpcError as e:
                 if time.monotonic() > deadline:
@@ -460,19 +489,31 @@ class GpuPlugin:
         return ""
 
     def _register(self, gen: _Generation) -> bool:
-        request = pb.RegisterRequest(version=VERSION, endpoint=os.path.basename(gen.path),
-                                     resource_name=self.resource_name, options=OPTIONS)
+        request = pb.RegisterRequest(
+            version=VERSION,
+            endpoint=os.path.basename(gen.path),
+            resource_name=self.resource_name,
+            options=OPTIONS,
+        )
         started = time.monotonic()
         try:
             with grpc.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
                 pb_grpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.RpcError as e:
-            log.warning("kubelet at %s did not take the registration (%s: %s); retrying",
-                        self.kubelet_socket, e.code(), e.details())
+            log.warning(
+                "kubelet at %s did not take the registration (%s: %s); retrying",
+                self.kubelet_socket,
+                e.code(),
+                e.details(),
+            )
             return False
         self.registrations += 1
-        log.info("registered %s as %s with kubelet in %.0f ms", self.resource_name, request.endpoint,
-                 (time.monotonic() - started) * 1000)
+        log.info(
+            "registered %s as %s with kubelet in %.0f ms",
+            self.resource_name,
+            request.endpoint,
+            (time.monotonic() - started) * 1000,
+        )
         return True
 
     def _stop_current(self) -> None:
@@ -486,20 +527,31 @@ class GpuPlugin:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cluster.gpu_plugin``: serve until SIGTERM/SIGINT, then remove the socket, exit 0."""
-    p = argparse.ArgumentParser(prog="python -m cluster.gpu_plugin",
-                                description="A stand-in NVIDIA GPU device plugin for the test cluster.")
-    p.add_argument("--device-plugin-dir", default=DEFAULT_DIR, help=f"kubelet's device-plugin directory "
-                   f"(default {DEFAULT_DIR})")
+    p = argparse.ArgumentParser(
+        prog="python -m cluster.gpu_plugin",
+        description="A stand-in NVIDIA GPU device plugin for the test cluster.",
+    )
+    p.add_argument(
+        "--device-plugin-dir",
+        default=DEFAULT_DIR,
+        help=f"kubelet's device-plugin directory (default {DEFAULT_DIR})",
+    )
     p.add_argument("--count", type=int, default=8, help="GPUs (default 8)")
     p.add_argument("--numa-nodes", type=int, default=2, help="NUMA nodes (default 2)")
     p.add_argument("--roots", type=int, default=4, help="PCIe roots (default 4)")
     p.add_argument("--resource-name", default=RESOURCE, help=f"default {RESOURCE}")
-    p.add_argument("--socket-base", default=SOCKET_BASE,
-                   help=f"the socket's name up to -<ns>.sock (default {SOCKET_BASE})")
+    p.add_argument(
+        "--socket-base",
+        default=SOCKET_BASE,
+        help=f"the socket's name up to -<ns>.sock (default {SOCKET_BASE})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     a = p.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if a.verbose else logging.INFO,
-                        format="%(asctime)s gpu-plugin %(levelname)s %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if a.verbose else logging.INFO,
+        format="%(asctime)s gpu-plugin %(levelname)s %(message)s",
+    )
     try:
         gpus = layout(a.count, a.numa_nodes, a.roots)
     except ValueError as e:

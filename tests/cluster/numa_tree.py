@@ -58,8 +58,15 @@ SYS_NODE = Path("/sys/devices/system/node")
 SYS_CPU = Path("/sys/devices/system/cpu")
 LOCAL_DISTANCE, REMOTE_DISTANCE = 10, 20
 # Top-level node lists (drivers/base/node.c node_state_attr): which nodes are in each state.
-NODE_LISTS = ("possible", "online", "has_normal_memory", "has_high_memory", "has_memory", "has_cpu",
-              "has_generic_initiator")
+NODE_LISTS = (
+    "possible",
+    "online",
+    "has_normal_memory",
+    "has_high_memory",
+    "has_memory",
+    "has_cpu",
+    "has_generic_initiator",
+)
 _MEMINFO = re.compile(r"^(Node )(\d+)( \S+:)(\s*)(\d+)(.*)$")
 _COUNTER = re.compile(r"^(\S+) (\d+)$")
 
@@ -118,7 +125,7 @@ def split_evenly(value: int, parts: int) -> list[int]:
 def split_cpus(cpus: Sequence[int], nodes: int) -> list[list[int]]:
     """The CPUs in ``nodes`` contiguous blocks, as sockets number them (0,1 on 2 nodes -> [0], [1])."""
     ordered = sorted(cpus)
-    return [ordered[n * len(ordered) // nodes:(n + 1) * len(ordered) // nodes] for n in range(nodes)]
+    return [ordered[n * len(ordered) // nodes : (n + 1) * len(ordered) // nodes] for n in range(nodes)]
 
 
 def split_meminfo(text: str, nodes: int) -> list[str]:
@@ -213,8 +220,11 @@ def build_numa_tree(dest: Path, nodes: int = 2, *, source: Path = SYS_NODE, cpu_
             _write(root / name, text)
 
     meminfo = split_meminfo(_read(node0 / "meminfo") or "", nodes)
-    counters = {name: split_counters(_read(node0 / name) or "", nodes) for name in ("numastat", "vmstat")
-                if (node0 / name).exists()}
+    counters = {
+        name: split_counters(_read(node0 / name) or "", nodes)
+        for name in ("numastat", "vmstat")
+        if (node0 / name).exists()
+    }
     for n in every:
         d = root / f"node{n}"
         d.mkdir()
