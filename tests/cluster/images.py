@@ -4,39 +4,37 @@ engine, so every image a pod (or containerd's sandbox) needs is made locally wit
 as a docker-archive tar that keeps its full name (``RepoTags``), ready for ``crane push`` into the
 cluster's own registry (:mod:`cluster.registry`) or a ``ctr images import``.
 
-=======================================  =====================================================
-``docker.io/library/debian:bookworm-slim``  mmdebstrap ``--variant=minbase`` of bookworm from the
-                                         Debian mirrors this machine's apt uses, slimmed like the
-                                         official image (no man pages, docs, locales); what
-                                         ``FROM debian:bookworm-slim`` of conf/k8s/Dockerfile
-                                         finds in buildah's storage (``--pull-never``)
-``docker.io/library/rdma-cni:<tag>``     ``scripts/build`` as the README says it, then
-                                         conf/k8s/Dockerfile with the repository as context;
-                                         each tag adds the label
-                                         ``org.opencontainers.image.version=<tag>`` (and buildah's
-                                         empty commit layer), so two tags of one bundle have two
-                                         digests and share every real layer: a rolling update
-                                         from 0.1.0 to 0.1.1 costs one extra build of ~2 s
-``docker.io/library/rdma-cni-test:0.1``  the base + iproute2, iputils-ping, procps (sh, sleep,
-                                         cat, ls from the base): the seed's pods
-``registry.k8s.io/pause:3.10.1``         FROM scratch, ``/pause`` compiled statically by gcc
-                                         from Kubernetes' own build/pause/linux/pause.c of
-                                         k8s.io/kubernetes (the Go module cache), with its
-                                         Makefile's flags; USER 65535:65535 as upstream's
-=======================================  =====================================================
+- ``docker.io/library/debian:bookworm-slim``: mmdebstrap ``--variant=minbase`` of bookworm from the
+  Debian mirrors this machine's apt uses (bookworm, -updates, -security), slimmed like the official
+  image (no man pages, docs, locales), ``CMD ["bash"]``; kept in buildah's storage under that name,
+  which is what ``FROM debian:bookworm-slim`` of conf/k8s/Dockerfile finds (``--pull-never``).
+- ``docker.io/library/rdma-cni:<tag>``: ``scripts/build`` run as the README says (no PYTHON; it
+  writes dist/rdma-cni), then conf/k8s/Dockerfile with the repository as context, once per call;
+  each tag is that image plus the label ``org.opencontainers.image.version=<tag>`` (and the empty
+  layer buildah's commit adds), so two tags of one bundle have two digests (a rolling update from
+  0.1.0 to 0.1.1 really changes the image) and share every real layer; a second tag costs ~0.1 s.
+- ``docker.io/library/rdma-cni-test:0.1``: the base plus iproute2, iputils-ping and procps (sh,
+  sleep, cat, ls come with the base), ``CMD ["sleep", "infinity"]``: the seed's pods.
+- ``registry.k8s.io/pause:3.10.1``: FROM scratch, ``/pause`` compiled statically by gcc from
+  Kubernetes' own build/pause/linux/pause.c of k8s.io/kubernetes (found through ``go mod download``,
+  i.e. the Go module cache) with its Makefile's flags; ``ENTRYPOINT ["/pause"]``, ``USER
+  65535:65535`` as upstream's.
 
-Caching: each image is saved as ``<cache_root>/images/<name>-<key>/image.tar`` (+ ``meta.json``,
-written last: a build killed half way leaves no dir that looks done). The key is a hash of what the
-image is made of (the apt sources and options of the base; the files ``scripts/build`` and the
-Dockerfile read, the venv's installed distributions and the base's key for rdma-cni; pause.c and
-gcc's version for pause), so a second :func:`build_images` builds nothing and runs nothing but a few
-``stat``s and hashes (the bundle is not rebuilt to learn its hash). The base is NOT keyed on the
-Debian archive's state: delete its cache dir to take newer packages.
+Caching: each image is saved as ``<cache_root>/images/<name>-<key>/image.tar`` + ``meta.json`` (both
+written to a temporary dir that is renamed into place: a build killed half way leaves nothing that
+looks done). The key is a hash of what the image is made of: the apt sources and options of the base;
+the files scripts/build and the Dockerfile read (rdma_cni/, conf/, the build scripts), the venv's
+installed distributions and the base's key for rdma-cni; pause.c, gcc's version and the flags for
+pause. So a second :func:`build_images` builds nothing and runs nothing but hashing (~0.1 s; the
+bundle is not rebuilt to learn its hash). The base is NOT keyed on the Debian archive's state: delete
+its cache dir to take newer packages. Of each image, the dirs of the ``KEEP`` most recently used keys
+stay; older ones are pruned.
 
-buildah runs with a storage of its own (``<cache_root>/images/storage``, overlay driver, chroot
-isolation): the machine's /var/lib/containers stays untouched and nothing here depends on what other
-tools left there. Builds are serialised by a lock file (``images/.lock``), so the harness and a test
-may call :func:`build_images` at the same time.
+buildah runs with a storage of its own (``<cache_root>/images/storage``, overlay driver; runroot
+under /run/rdma-cni-images; ``--isolation chroot`` for the one RUN, the test image's apt-get), holding
+only the base between calls: the archives are the cache. The machine's /var/lib/containers stays
+untouched. Calls are serialised by a lock file (``images/.lock``), so the harness and a test may call
+:func:`build_images` at the same time.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,14 +89,10 @@ FALLBACK_MIRRORS = (
     "deb http://deb.debian.org/debian bookworm-updates main",
     "deb http://deb.debian.org/debian-security bookworm-security main",
 )
-# scripts/build's inputs besides rdma_cni/ and conf/ (the bundle bakes in conf/ and install.sh).
-BUILD_SCRIPTS = (
-    "scripts/build",
-    "scripts/build-client",
-    "scripts/install.sh",
-    "scripts/lib.sh",
-    "pyproject.toml",
-)
+# scripts/build's inputs besides rdma_cni/ and conf/ (the bundle bakes in conf/ and install.sh) and
+# the venv's distributions (hashed by name and version). Not pyproject.toml: PyInstaller never reads
+# it, and a new pytest marker there must not rebuild the image.
+BUILD_SCRIPTS = ("scripts/build", "scripts/build-client", "scripts/install.sh", "scripts/lib.sh")
 PAUSE_CFLAGS = ("-Os", "-Wall", "-Werror", "-static", "-DVERSION=v3.10.1-rdma-cni-test")
 
 
@@ -207,7 +202,7 @@ def debian_mirrors(apt_dir: Path = Path("/etc/apt")) -> list[str]:
         for line in f.read_text(errors="replace").splitlines():
             words = line.split("#", 1)[0].split()
             if len(words) >= 4 and words[1].startswith("["):  # deb [opts] uri suite comps
-                while words and not words[1].endswith("]"):
+                while len(words) > 2 and not words[1].endswith("]"):
                     del words[1]
                 del words[1]
             if len(words) >= 4 and "main" in words[3:]:
@@ -246,8 +241,9 @@ class Buildah:
     def __init__(self, cache_root: Path) -> None:
         self.root = cache_root / "images" / "storage"
         # runroot holds locks and mount state: tmpfs, one per storage root.
-        self.runroot = Path("/run/rdma-cni-cluster") / f"buildah-{_digest(str(self.root))}"
+        self.runroot = Path("/run/rdma-cni-images") / f"buildah-{_digest(str(self.root))}"
         self.driver = "overlay"
+        self.dirty = False  # something was built: prune the storage at the end
 
     def argv(self, *args: str | Path) -> list[str]:
         return [
@@ -273,6 +269,10 @@ class Buildah:
             check=False,
         )
         return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+    def rmi(self, *args: str) -> None:
+        """Remove images (or ``--prune`` the dangling ones); what fails to go stays, harmlessly."""
+        subprocess.run(self.argv("rmi", *args), stdin=subprocess.DEVNULL, capture_output=True, check=False)
 
     def save(self, ref: str, archive: Path) -> None:
         """docker-archive of ``ref`` that names it ``ref`` in full (RepoTags)."""
@@ -331,8 +331,12 @@ def _slot(cache_root: Path, ref: str, key: str) -> _Slot:
     return _Slot(ref, cache_root / "images" / f"{name}-{key}")
 
 
-def _store(b: Buildah, slot: _Slot, image_id: str, seconds: float, inputs: dict[str, object]) -> Image:
-    """Save ``slot.ref`` from buildah's storage into its cache dir, atomically."""
+def _store(
+    b: Buildah, slot: _Slot, image_id: str, seconds: float, inputs: dict[str, object], keep: bool = False
+) -> Image:
+    """Save ``slot.ref`` from buildah's storage into its cache dir, atomically; then drop it from the
+    storage unless ``keep`` (the base, which later builds start FROM): the archive is the cache, and
+    the storage must not grow by an image per source change."""
     slot.dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=slot.dir.parent, prefix=f".{slot.dir.name}."))
     try:
@@ -352,7 +356,31 @@ def _store(b: Buildah, slot: _Slot, image_id: str, seconds: float, inputs: dict[
     log.info(
         "%s: saved %s (%.0f MB) in %.0f s", slot.ref, slot.archive, slot.archive.stat().st_size / 1e6, seconds
     )
+    b.dirty = True
+    if not keep:
+        b.rmi(slot.ref)
     return slot.image()
+
+
+KEEP = 3  # cache dirs kept per image name: the current one and the two used most recently before it
+
+
+def _prune(cache_root: Path, current: Sequence[Image]) -> None:
+    """Each image's cache dirs of other keys (older sources) beyond the ``KEEP`` most recently used
+    go, so the cache does not grow by ~170 MB per commit; a current dir is never removed, and using
+    a dir marks it recent (its mtime)."""
+    keep = {i.archive.parent for i in current}
+    for d in keep:
+        os.utime(d)
+    for d in keep:
+        name = d.name[: -len("-0123456789abcdef")]
+        pattern = re.compile(re.escape(name) + "-[0-9a-f]{16}")
+        same = [p for p in d.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir()]
+        same.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in same[KEEP:]:
+            if old not in keep:
+                log.info("pruning %s (an older build of %s)", old, name)
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _ensure_in_storage(b: Buildah, slot: _Slot) -> None:
@@ -414,7 +442,7 @@ def build_base(b: Buildah, cache_root: Path) -> _Slot:
                 what=f"{BASE_REF}: config",
             )
             image_id = b("commit", "--quiet", ctr, BASE_REF, what=f"{BASE_REF}: commit")
-    _store(b, slot, image_id, time.monotonic() - t0, inputs)
+    _store(b, slot, image_id, time.monotonic() - t0, inputs, keep=True)
     return slot
 
 
@@ -486,7 +514,7 @@ def build_product(b: Buildah, repo: Path, cache_root: Path, base: _Slot, tags: S
                     "dockerfile_seconds": round(docker_s, 1),
                 },
             )
-        subprocess.run(b.argv("rmi", built), stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        b.rmi(built)
     return [s.image() for s in slots]
 
 
@@ -591,8 +619,12 @@ def build_images(
         product = build_product(b, repo, cache_root, base, tags)
         test = build_test_image(b, cache_root, base)
         pause = build_pause(b, cache_root)
+        images = [base.image(), *product, test, pause]
+        if b.dirty:
+            b.rmi("--prune")  # e.g. the previous base, untagged by a new one
+        _prune(cache_root, images)
     log.info("%d images ready in %.1f s", 2 + len(product) + 1, time.monotonic() - t0)
-    return [base.image(), *product, test, pause]
+    return images
 
 
 def main(argv: Sequence[str] | None = None) -> int:
