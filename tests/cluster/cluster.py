@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ def capacity(bins: Binaries, node: str, resource: str, field: str = "capacity") 
     return int(json.loads(out.stdout)["status"].get(field, {}).get(resource, "0"))
 
 
-def up(n_nodes: int = 1, registry_hook: Any = None) -> State:
+def up(n_nodes: int = 1, registry_hook: Any = None, images: Sequence[Path] = ()) -> State:
     """The whole cluster; on any failure everything made so far is removed and the error re-raised."""
     if not 1 <= n_nodes <= topo.MAX_NODES:
         raise ValueError(f"--nodes {n_nodes}: 1 or {topo.MAX_NODES} (two nodes' bonds fill 198.51.100.0/24)")
@@ -111,7 +112,7 @@ def up(n_nodes: int = 1, registry_hook: Any = None) -> State:
     st = State(nodes=n_nodes)
     t0 = time.monotonic()
     try:
-        _up(st, bins, n_nodes, registry_hook)
+        _up(st, bins, n_nodes, registry_hook, list(images))
     except BaseException:
         log.error("up failed: removing what it made")
         down()
@@ -120,7 +121,7 @@ def up(n_nodes: int = 1, registry_hook: Any = None) -> State:
     return st
 
 
-def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any) -> None:
+def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, images: list[Path]) -> None:
     logs = WORK / "logs"
     pki = WORK / "pki"
     logs.mkdir(parents=True, exist_ok=True)
@@ -154,6 +155,7 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any) -> None:
     for nd in nodes:
         st.procs.append(nodemod.start_containerd(nd, bins, topo.REGISTRY, logs / nd.name))
         st.save()
+        nodemod.import_images(nd, bins, images)
         st.procs.append(nodemod.start_kube_proxy(nd, bins, pki, logs / nd.name))
         st.procs.append(nodemod.start_kubelet(nd, bins, pki, logs / nd.name))
         st.save()

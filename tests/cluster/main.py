@@ -16,6 +16,9 @@ from cluster.procs import StartError
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="cluster: %(message)s", stream=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["kubectl"]:  # everything after it is kubectl's, flags included
+        os.execvp("ip", cluster.kubectl_argv(build.binaries(), *argv[1:]))
     p = argparse.ArgumentParser(prog="scripts/cluster")
     sub = p.add_subparsers(dest="verb", required=True)
     sub.add_parser("build", help="build Kubernetes, etcd and containerd from Go modules (cached)")

@@ -264,6 +264,9 @@ state = "/run/containerd"
   address = "/run/containerd/containerd.sock"
 
 [plugins.'io.containerd.cri.v1.runtime']
+  # no CAP_SYS_RESOURCE here: a sandbox's or a critical pod's negative oom_score_adj could not be
+  # set (runc init dies, "can't get final child's PID"); clamp it to containerd's own, as rootless does
+  restrict_oom_score_adj = true
   enable_cdi = true
   cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
@@ -302,6 +305,15 @@ def start_containerd(node: Node, bins: Binaries, registry: str, log_dir: Path) -
     sock = node.dir("/run/containerd") / "containerd.sock"
     wait_for("containerd's socket", sock.exists, 60, proc)
     return proc
+
+
+def import_images(node: Node, bins: Binaries, archives: list[Path]) -> None:
+    """The locally built images into the node's containerd, namespace ``k8s.io`` (kubelet's)."""
+    for archive in archives:
+        node.run(
+            f"{bins.path('ctr')} --address /run/containerd/containerd.sock -n k8s.io images import "
+            f"--all-platforms {archive}"
+        )
 
 
 def kubelet_config(node: Node, pki: Path) -> Path:
@@ -345,9 +357,10 @@ def kubelet_config(node: Node, pki: Path) -> Path:
         "kernelMemcgNotification": False,
         "shutdownGracePeriod": "0s",
     }
-    path = node.work / "kubelet.yaml"
+    # where kubeadm puts it: the doctor reads the topology manager policy there
+    path = node.dir("/var/lib/kubelet") / "config.yaml"
     path.write_text(yaml.safe_dump(conf))
-    return path
+    return Path("/var/lib/kubelet/config.yaml")
 
 
 def start_kubelet(node: Node, bins: Binaries, pki: Path, log_dir: Path) -> Proc:

@@ -1,0 +1,129 @@
+"""What a user does on the cluster, as functions the tests, ``scripts/demo --cluster`` and the
+benchmark share: label the nodes, apply the product's manifest, apply the seed's workloads, wait for
+them, look inside a pod, and read a node's network state to prove it exact after the pods left.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster import topology as topo
+from cluster.build import Binaries
+from cluster.cluster import RDMA, kubectl
+from cluster.node import Node
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "conf" / "k8s" / "rdma-cni.yaml"
+SEED_STATEFULSET = Path(__file__).resolve().parent / "seed000-rdma-test.yaml"
+TEST_IMAGE = "rdma-cni-test:0.1"
+LABEL = "feature.node.kubernetes.io/tke-shared-rdma"
+
+
+def wait(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
+    """Poll until ``check()`` is truthy; its value. Says what it waited for and what it saw last."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"not within {timeout:.0f} s: {what} (last seen: {last!r})")
+
+
+def label_nodes(bins: Binaries, nodes: int) -> None:
+    for n in range(1, nodes + 1):
+        kubectl(bins, "label", "node", topo.node_name(n), f"{LABEL}=true", "--overwrite")
+
+
+def product_manifest(rdma_mode: str = "exclusive", tag: str = "0.1.0") -> str:
+    """conf/k8s/rdma-cni.yaml as a user edits it: the image tag and RDMA_MODE, nothing else."""
+    text = MANIFEST.read_text()
+    text = text.replace("image: rdma-cni:0.1.0", f"image: rdma-cni:{tag}")
+    if rdma_mode != "exclusive":
+        text = text.replace("value: exclusive  # or shared", f"value: {rdma_mode}  # or shared")
+    return text
+
+
+def apply(bins: Binaries, text: str) -> None:
+    kubectl(bins, "apply", "-f", "-", stdin=text)
+
+
+def pods(bins: Binaries, selector: str, namespace: str = "default") -> list[dict[str, Any]]:
+    out = kubectl(bins, "get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conds = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
+    return pod.get("status", {}).get("phase") == "Running" and conds.get("Ready") == "True"
+
+
+def wait_ready(
+    bins: Binaries, selector: str, count: int, namespace: str = "default", timeout: float = 180
+) -> list[dict[str, Any]]:
+    def check() -> list[dict[str, Any]] | None:
+        ps = [p for p in pods(bins, selector, namespace) if not p["metadata"].get("deletionTimestamp")]
+        return ps if len(ps) == count and all(ready(p) for p in ps) else None
+
+    result: list[dict[str, Any]] = wait(f"{count} ready pods {selector} in {namespace}", check, timeout)
+    return result
+
+
+def wait_gone(bins: Binaries, selector: str, namespace: str = "default", timeout: float = 180) -> None:
+    wait(f"no pods {selector} left", lambda: not pods(bins, selector, namespace), timeout)
+
+
+def seed_statefulset(image: str = TEST_IMAGE, replicas: int | None = None) -> str:
+    """The seed's StatefulSet, only its image replaced (and the replica count when asked)."""
+    doc = yaml.safe_load(SEED_STATEFULSET.read_text())
+    doc["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    if replicas is not None:
+        doc["spec"]["replicas"] = replicas
+    return yaml.safe_dump(doc)
+
+
+def node_capacity(bins: Binaries, node: str) -> tuple[int, int]:
+    out = json.loads(kubectl(bins, "get", "node", node, "-o", "json").stdout)["status"]
+    return int(out["capacity"].get(RDMA, "0")), int(out["allocatable"].get(RDMA, "0"))
+
+
+def pod_exec(bins: Binaries, pod: str, *cmd: str, namespace: str = "default") -> str:
+    return kubectl(bins, "exec", "-n", namespace, pod, "--", *cmd).stdout
+
+
+def node_network(node: Node) -> dict[str, Any]:
+    """What DEL must give back exactly: the bonds' addresses, every routing table, the rules, and the
+    RoCE GID tables of the simulated devices (the pods' own links and the cluster network's veths
+    left out: they come and go with pods)."""
+
+    def j(*args: str) -> Any:
+        return json.loads(topo.ip("-j", *args, netns=node.netns).stdout or "[]")
+
+    addrs = {
+        a["ifname"]: sorted((i["local"], i["prefixlen"]) for i in a.get("addr_info", []))
+        for a in j("addr")
+        if a["ifname"].startswith("bond")
+    }
+    routes = sorted(
+        json.dumps(r, sort_keys=True)
+        for r in j("route", "show", "table", "all")
+        if str(r.get("dev", "")).startswith("bond")
+    )
+    rules = sorted(json.dumps(r, sort_keys=True) for r in j("rule"))
+    gids = {}
+    for dev in sorted((node.sys_tree / "class" / "infiniband").iterdir()):
+        gdir = dev / "ports" / "1" / "gids"
+        gids[dev.name] = {
+            g.name: g.read_text().strip()
+            for g in gdir.iterdir()
+            if g.read_text().strip() != "0000:0000:0000:0000:0000:0000:0000:0000"
+        }
+    return {"addr": addrs, "route": routes, "rule": rules, "gid": gids}
