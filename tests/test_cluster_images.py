@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 from cluster import images as im
 from cluster import registry as reg
+from cluster.versions import CONTAINERD_BUILD
 
 pytestmark = pytest.mark.cluster
 
@@ -58,9 +60,9 @@ def bins() -> reg.RegistryBins:
     return reg.build_registry(im.DEFAULT_CACHE_ROOT)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def netns() -> Iterator[str]:
-    """A network namespace of this test's own, loopback up; deleted afterwards, also on failure."""
+    """A network namespace of these tests' own, loopback up; deleted afterwards, also on failure."""
     name = f"rdmacni-reg-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
@@ -70,12 +72,15 @@ def netns() -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-@pytest.fixture
-def registry(bins: reg.RegistryBins, netns: str, tmp_path: Path) -> Iterator[str]:
-    """The registry serving 127.0.0.1:5000 in ``netns``; the process we started is ended by its pid."""
-    proc = reg.start_registry(bins, ADDR, tmp_path / "registry", netns)
+@pytest.fixture(scope="module")
+def registry(
+    images: list[im.Image], bins: reg.RegistryBins, netns: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """The registry serving 127.0.0.1:5000 in ``netns`` with every image pushed: the netns and what
+    each push answered (``<addr>/<repo>@<digest>``). The process we started is ended by its pid."""
+    proc = reg.start_registry(bins, ADDR, tmp_path_factory.mktemp("registry"), netns)
     try:
-        yield netns
+        yield netns, {i.ref: reg.push(bins, i, ADDR, netns) for i in images}
     finally:
         reg.stop_registry(proc)
 
@@ -176,10 +181,9 @@ def test_a_second_call_builds_nothing(images: list[im.Image]) -> None:
 
 
 def test_every_image_is_served_where_containerd_asks_a_mirror_for_it(
-    images: list[im.Image], bins: reg.RegistryBins, registry: str
+    images: list[im.Image], bins: reg.RegistryBins, registry: tuple[str, dict[str, str]]
 ) -> None:
-    netns = registry
-    pushed = {i.ref: reg.push(bins, i, ADDR, netns) for i in images}
+    netns, pushed = registry
     assert reg.registry_path("docker.io/library/rdma-cni:0.1.0") == "library/rdma-cni:0.1.0"
     assert reg.registry_path("registry.k8s.io/pause:3.10.1") == "pause:3.10.1"
     assert reg.registry_path("rdma-cni:0.1.0") == "library/rdma-cni:0.1.0"
@@ -252,3 +256,75 @@ def test_every_image_is_served_where_containerd_asks_a_mirror_for_it(
     finally:
         exe.unlink(missing_ok=True)
     assert "pause.c v3.10.1" in out.stdout + out.stderr
+
+
+# Only the content store and the pull matter here; CRI would want a network and a runtime.
+CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", "io.containerd.cri.v1.runtime")
+
+
+def _containerd_bin() -> Path | None:
+    """The cluster's own containerd (scripts/cluster build), the one whose resolver the nodes use."""
+    d = CONTAINERD_BUILD.bin_dir
+    return d if (d / "containerd").is_file() and (d / "ctr").is_file() else None
+
+
+def test_containerd_pulls_each_image_through_the_docker_io_and_registry_k8s_io_mirrors(
+    images: list[im.Image], registry: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """What the nodes do: containerd, given hosts.toml files that mirror docker.io and registry.k8s.io
+    to the registry, pulls each image by its upstream name (and unpacks it)."""
+    bin_dir = _containerd_bin()
+    if bin_dir is None:
+        pytest.skip(f"no containerd in {CONTAINERD_BUILD.bin_dir} (scripts/cluster build makes it)")
+    netns, pushed = registry
+    work = Path(tempfile.mkdtemp(prefix="ctrd-", dir="/tmp"))  # short: the socket path
+    certs = work / "certs.d"
+    for host in ("docker.io", "registry.k8s.io"):
+        (certs / host).mkdir(parents=True)
+        (certs / host / "hosts.toml").write_text(
+            f'server = "http://{ADDR}"\n\n[host."http://{ADDR}"]\n  capabilities = ["pull", "resolve"]\n'
+        )
+    sock = work / "containerd.sock"
+    (work / "config.toml").write_text(
+        f"""version = 3
+root = "{work}/root"
+state = "{work}/state"
+disabled_plugins = {json.dumps(list(CRI_PLUGINS))}
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+"""
+    )
+    with open(tmp_path / "containerd.log", "wb") as logf:
+        proc = subprocess.Popen(
+            reg.in_netns([bin_dir / "containerd", "--config", work / "config.toml"], netns),
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=logf,
+            start_new_session=True,
+        )
+    try:
+        ctr = [str(bin_dir / "ctr"), "--address", str(sock)]
+        deadline = time.monotonic() + 30
+        while subprocess.run([*ctr, "version"], capture_output=True, check=False).returncode != 0:
+            assert proc.poll() is None, (tmp_path / "containerd.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "containerd did not answer within 30 s"
+            time.sleep(0.2)
+        for i in images:
+            r = subprocess.run(
+                reg.in_netns([*ctr, "images", "pull", "--hosts-dir", certs, i.ref], netns),
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            assert r.returncode == 0, f"{i.ref}: {r.stderr[-3000:]}"
+        listed = subprocess.run([*ctr, "images", "ls"], capture_output=True, text=True, check=True).stdout
+        rows = {line.split()[0]: line.split()[2] for line in listed.splitlines()[1:] if line.strip()}
+        for i in images:
+            assert i.ref in rows, listed
+            assert pushed[i.ref].endswith("@" + rows[i.ref]), (i.ref, pushed[i.ref], rows[i.ref])
+    finally:
+        reg.stop_registry(proc)  # the same SIGTERM-then-SIGKILL by pid
+        shutil.rmtree(work, ignore_errors=True)

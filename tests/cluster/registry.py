@@ -115,6 +115,12 @@ def in_netns(argv: Sequence[str | Path], netns: str | None) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{netns}", "--", *cmd] if netns else cmd
 
 
+def serve_argv(bins: RegistryBins, listen: str, storage_dir: Path) -> list[str]:
+    """The registry's command line (plain HTTP on ``listen``, blobs under ``storage_dir``), for a
+    caller that starts and records its processes itself (wrap it with :func:`in_netns`)."""
+    return [str(bins.crane), "registry", "serve", "--address", listen, "--disk", str(storage_dir)]
+
+
 def start_registry(
     bins: RegistryBins, listen: str, storage_dir: Path, netns: str | None = None, log_path: Path | None = None
 ) -> subprocess.Popen[bytes]:
@@ -124,7 +130,7 @@ def start_registry(
     beside the blob dir ``sha256/``)."""
     storage_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_path or storage_dir / "registry.log"
-    argv: list[str | Path] = [bins.crane, "registry", "serve", "--address", listen, "--disk", storage_dir]
+    argv = serve_argv(bins, listen, storage_dir)
     with open(log_path, "ab") as out:
         start = out.tell()
         proc = subprocess.Popen(
