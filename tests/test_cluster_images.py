@@ -7,8 +7,10 @@ static binary would only show up as a pod stuck in ErrImagePull or a sandbox tha
 in a cluster run. Here: the images are built (or taken from the cache: the second call must build
 nothing), the registry runs in a network namespace of the test's own on 127.0.0.1, every image is
 pushed, and each is read back over HTTP at the path containerd asks a mirror for, its config and
-its files checked. Needs root (netns), buildah, mmdebstrap, gcc and Go; the first build needs the
-Debian mirror and the Go module proxy (~2 min), later runs only the cache (~40 s, mostly pushes).
+its files checked; then the cluster's own containerd (when scripts/cluster build has made it) pulls
+every image by its upstream name through docker.io / registry.k8s.io mirrors. Needs root (netns),
+buildah, mmdebstrap, gcc and Go; the first build needs the Debian mirror and the Go module proxy
+(~2 min 15 s), later runs only the cache (~40 s alone, mostly crane's gzip of each layer on push).
 """
 
 from __future__ import annotations

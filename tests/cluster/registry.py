@@ -15,17 +15,18 @@ go.mod and go.sum>/bin``):
 Where each image lands (:func:`registry_path`): the registry's domain is dropped and the rest of the
 name kept, which is what containerd asks a mirror for (``hosts.toml`` of docker.io and
 registry.k8s.io pointing at this registry; containerd expands a Docker Hub short name to
-``library/X`` and requests ``<mirror>/v2/library/X/manifests/<tag>``):
+``library/X`` and requests ``<mirror>/v2/library/X/manifests/<tag>?ns=docker.io``, HEAD then GET):
 
-=========================================  ============================================
-``docker.io/library/debian:bookworm-slim``  ``<addr>/library/debian:bookworm-slim``
-``docker.io/library/rdma-cni:0.1.0``        ``<addr>/library/rdma-cni:0.1.0`` (and 0.1.1)
-``docker.io/library/rdma-cni-test:0.1``     ``<addr>/library/rdma-cni-test:0.1``
-``registry.k8s.io/pause:3.10.1``            ``<addr>/pause:3.10.1``
-=========================================  ============================================
+- ``docker.io/library/debian:bookworm-slim`` -> ``<addr>/library/debian:bookworm-slim``
+- ``docker.io/library/rdma-cni:0.1.0`` (and 0.1.1) -> ``<addr>/library/rdma-cni:0.1.0``
+- ``docker.io/library/rdma-cni-test:0.1`` -> ``<addr>/library/rdma-cni-test:0.1``
+- ``registry.k8s.io/pause:3.10.1`` -> ``<addr>/pause:3.10.1``
 
 So ``image: rdma-cni:0.1.0`` in a manifest (normalised by kubelet to docker.io/library/rdma-cni:0.1.0)
-is pulled as ``GET http://<addr>/v2/library/rdma-cni/manifests/0.1.0``.
+is pulled as ``GET http://<addr>/v2/library/rdma-cni/manifests/0.1.0``. tests/test_cluster_images.py
+has the cluster's containerd pull every image so, with ``[host."http://<addr>"] capabilities =
+["pull", "resolve"]`` and no TLS settings: a ``skip_verify`` there makes containerd try HTTPS first
+on every request (it logs so) before it falls back to HTTP.
 """
 
 from __future__ import annotations
