@@ -10,7 +10,8 @@ go.mod and go.sum>/bin``):
   blobs on disk. (``cmd/registry``, built too, only listens on ``localhost:<port>`` and keeps
   everything in memory, so it cannot serve a node on another address.) Manifests live in memory in
   either: a restarted registry serves nothing until the images are pushed again.
-- ``crane push --insecure`` puts a docker-archive (:class:`cluster.images.Image`) into it.
+- ``crane push --insecure`` puts an image (:class:`cluster.images.Image`: its OCI layout, or its
+  docker-archive) into it.
 
 Where each image lands (:func:`registry_path`): the registry's domain is dropped and the rest of the
 name kept, which is what containerd asks a mirror for (``hosts.toml`` of docker.io and
@@ -191,11 +192,13 @@ def crane(bins: RegistryBins, *args: str | Path, netns: str | None = None, timeo
 
 
 def push(bins: RegistryBins, image: Image, registry_addr: str, netns: str | None = None) -> str:
-    """Push ``image``'s docker-archive to ``registry_addr`` (plain HTTP) at :func:`registry_path` of
-    its ref; the pushed reference with its digest (``<addr>/library/rdma-cni@sha256:...``)."""
+    """Push ``image`` to ``registry_addr`` (plain HTTP) at :func:`registry_path` of its ref: its OCI
+    layout (gzip layers, copied as they are) when it has one, else its docker-archive (which crane
+    gzips on the way); the pushed reference with its digest (``<addr>/library/rdma-cni@sha256:...``)."""
     dest = f"{registry_addr}/{registry_path(image.ref)}"
+    src = image.oci_layout if image.oci_layout is not None and image.oci_layout.is_dir() else image.archive
     t0 = time.monotonic()
-    out = crane(bins, "push", "--insecure", image.archive, dest, netns=netns).strip()
+    out = crane(bins, "push", "--insecure", src, dest, netns=netns).strip()
     log.info("registry: pushed %s -> %s in %.1f s", image.ref, dest, time.monotonic() - t0)
     return out.splitlines()[-1] if out else dest
 
