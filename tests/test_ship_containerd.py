@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rdma_cni.cli.demo import ANNOTATION, Demo, bond_addr, gid_index
+from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.node import ANNOTATION, bond_addr, gid_index
 
 pytestmark = pytest.mark.netns
 ctd_helpers = pytest.importorskip("tests.test_containerd_cri")

@@ -174,7 +174,7 @@ def test_a_killed_run_is_swept_by_the_next_one() -> None:
 def test_a_zombie_or_missing_pid_counts_as_dead_a_running_one_as_alive() -> None:
     """The sweep's liveness test on real processes: a child that exited but is not reaped yet
     (state Z, /proc entry still there) is dead; so is a pid that no longer exists."""
-    from rdma_cni.cli.demo import process_alive
+    from rdma_cni.cli.demo.shell import process_alive
 
     child = subprocess.Popen(["sleep", "30"])
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.cli import demo_main
+from rdma_cni.cli.demo import command
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = [str(REPO / "scripts" / "demo"), "--mode", "shared"]
@@ -174,7 +174,7 @@ def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float = 300) 
 def test_mode_names_the_cluster_network_and_the_rdma_mode(given: list[str], want: tuple[str, str]) -> None:
     import argparse
 
-    assert demo_main._modes(argparse.ArgumentParser(), given) == want
+    assert command._modes(argparse.ArgumentParser(), given) == want
 
 
 @pytest.mark.parametrize("given", [["shared", "exclusive"], ["vpc-cni", "global-router"]])
@@ -182,7 +182,7 @@ def test_two_modes_of_one_kind_are_refused(given: list[str], capsys: pytest.Capt
     import argparse
 
     with pytest.raises(SystemExit) as exc:
-        demo_main._modes(argparse.ArgumentParser(prog="scripts/demo"), given)
+        command._modes(argparse.ArgumentParser(prog="scripts/demo"), given)
     assert exc.value.code == 2
     assert "one cluster network mode and one RDMA mode at most" in capsys.readouterr().err
 

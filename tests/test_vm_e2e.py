@@ -1,6 +1,6 @@
 """The real-kernel end-to-end test: Debian's stock kernel under qemu, real bonds, real Soft-RoCE.
 
-One VM boot (``scripts/vm-e2e scenario``) runs ``scripts/vm/scenario.py`` in the guest, which
+One VM boot (``scripts/vm-e2e scenario``) runs ``scripts/vm/scenario/`` in the guest, which
 writes one JSON line per check and fact; the tests below assert on those, one section each.
 This machine's kernel has no bonding and no RDMA, so this is the only place the plugin meets real
 GID tables. Runs when ``/dev/kvm`` exists (qemu falls back to TCG when that KVM cannot run a

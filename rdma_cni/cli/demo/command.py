@@ -1,10 +1,7 @@
 """``scripts/demo``'s command line: which demo to run (TKE's exclusive or shared RDMA mode, in which
 cluster network mode), checked before anything is built.
 
-It sits above both demos so that :mod:`rdma_cni.cli.demo_shared`, which builds on the exclusive demo's
-node, never has to be imported back by :mod:`rdma_cni.cli.demo`.
-
-    $ python3 -m rdma_cni.cli.demo_main --mode shared --bonds 4
+    $ python3 -m rdma_cni.cli.demo --mode shared --bonds 4
 """
 
 from __future__ import annotations
@@ -13,7 +10,10 @@ import argparse
 import os
 import sys
 
-from rdma_cni.cli import demo, demo_shared
+from rdma_cni.cli import demo
+from rdma_cni.cli.demo import exclusive, shared
+from rdma_cni.cli.demo.node import MODES, RDMA_MODES
+from rdma_cni.cli.demo.shell import sweep_leftovers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mode",
         action="append",
-        choices=[*sorted(demo.MODES), *demo.RDMA_MODES],
+        choices=[*sorted(MODES), *RDMA_MODES],
         default=[],
         help="the cluster network mode (vpc-cni, the default, or global-router) and/or the RDMA mode "
         "(exclusive, the default: rdma-macvlan; shared: rdma-ipvlan and a shared pool); twice for both",
@@ -44,21 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.pod_bonds <= args.bonds <= 8:
         sys.stderr.write("demo: need 1 <= --pod-bonds <= --bonds <= 8\n")
         return 2
-    demo.sweep_leftovers()
+    sweep_leftovers()
     bundle = os.path.abspath(args.bundle) if args.bundle else ""
     if rdma_mode == "shared":
-        return demo_shared.run_demo(args.bonds, bundle, network)
-    return demo.run_demo(args.bonds, args.pod_bonds, bundle, network)
+        return shared.run_demo(args.bonds, bundle, network)
+    return exclusive.run_demo(args.bonds, args.pod_bonds, bundle, network)
 
 
 def _modes(parser: argparse.ArgumentParser, given: list[str]) -> tuple[str, str]:
     """(cluster network mode, RDMA mode) of the ``--mode`` values: one of each at most."""
-    networks = {m for m in given if m in demo.MODES}
-    rdma = {m for m in given if m in demo.RDMA_MODES}
+    networks = {m for m in given if m in MODES}
+    rdma = {m for m in given if m in RDMA_MODES}
     if len(networks) > 1 or len(rdma) > 1:
         parser.error(f"--mode {' --mode '.join(given)}: one cluster network mode and one RDMA mode at most")
     return next(iter(networks), "vpc-cni"), next(iter(rdma), "exclusive")
 
-
-if __name__ == "__main__":
-    sys.exit(main())
