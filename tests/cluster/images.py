@@ -357,13 +357,16 @@ def _store(
     the storage must not grow by an image per source change."""
     slot.dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=slot.dir.parent, prefix=f".{slot.dir.name}."))
+    t0 = time.monotonic()
     try:
         b.save(slot.ref, tmp / "image.tar")
         _oci_layout(tmp / "image.tar", tmp / "oci")
+        save_s = time.monotonic() - t0
         meta = {
             "ref": slot.ref,
             "image_id": image_id,
             "build_seconds": round(seconds, 1),
+            "save_seconds": round(save_s, 1),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "inputs": inputs,
         }
@@ -372,9 +375,8 @@ def _store(
         tmp.rename(slot.dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info(
-        "%s: saved %s (%.0f MB) in %.0f s", slot.ref, slot.archive, slot.archive.stat().st_size / 1e6, seconds
-    )
+    mb = slot.archive.stat().st_size / 1e6
+    log.info("%s: built in %.0f s, saved in %.0f s: %s (%.0f MB)", slot.ref, seconds, save_s, slot.dir, mb)
     b.dirty = True
     if not keep:
         b.rmi(slot.ref)
