@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--netns")
     p.add_argument("--push-all", type=Path, metavar="REPO", help="build_images(REPO) and push each")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="registry: %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     bins = build_registry(args.cache)
     print(bins.crane, bins.registry)
     if not args.listen:
