@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -17,15 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import control_plane, procs
+from cluster import build, control_plane, images, procs, registry
 from cluster import node as nodemod
 from cluster import topology as topo
-from cluster.build import Binaries, binaries
+from cluster.build import Binaries
+from cluster.images import Image
 from cluster.node import RUN, WORK, Node
 from cluster.procs import Proc, StartError
+from cluster.registry import RegistryBins
+from cluster.versions import CACHE_ROOT
 
 log = logging.getLogger("cluster")
 STATE = RUN / "state.json"
+REPO = Path(__file__).resolve().parents[2]
+# the product's image tags: the manifest's, and one more for the rolling-update test
+PRODUCT_TAGS = ("0.1.0", "0.1.1")
 
 
 @dataclass
@@ -101,18 +108,44 @@ def capacity(bins: Binaries, node: str, resource: str, field: str = "capacity") 
     return int(json.loads(out.stdout)["status"].get(field, {}).get(resource, "0"))
 
 
-def up(n_nodes: int = 1, registry_hook: Any = None, images: Sequence[Path] = ()) -> State:
+def prepare() -> tuple[Binaries, list[Image], RegistryBins]:
+    """Everything ``up`` needs that is built once and cached: the Go builds, the images (the product's
+    from this checkout, so a changed checkout builds a new one), the registry."""
+    bins = build.build_all()
+    imgs = images.build_images(REPO, CACHE_ROOT, PRODUCT_TAGS)
+    return bins, imgs, registry.build_registry(CACHE_ROOT)
+
+
+def start_registry(reg: RegistryBins, imgs: Sequence[Image], logs: Path) -> Proc:
+    """The cluster's registry on the fabric (203.0.113.1:5000), every image pushed into it: what the
+    nodes' containerd pull through their docker.io and registry.k8s.io mirrors."""
+    argv = registry.serve_argv(reg, topo.REGISTRY, WORK / "registry")
+    (WORK / "registry").mkdir(parents=True, exist_ok=True)
+    proc = procs.spawn("registry", argv, logs / "registry.log", topo.FABRIC)
+    procs.wait_for("the registry's port", lambda: "serving on port" in procs.tail(proc.log, 50), 30, proc)
+    for img in imgs:
+        registry.push(reg, img, topo.REGISTRY, netns=topo.FABRIC)
+    return proc
+
+
+def up(n_nodes: int = 1) -> State:
     """The whole cluster; on any failure everything made so far is removed and the error re-raised."""
     if not 1 <= n_nodes <= topo.MAX_NODES:
         raise ValueError(f"--nodes {n_nodes}: 1 or {topo.MAX_NODES} (two nodes' bonds fill 198.51.100.0/24)")
     down()  # sweeps what a run killed with -9 left
-    bins = binaries()
-    for name in ("kube-apiserver", "kubelet", "etcd", "containerd"):
-        bins.path(name)  # says "run scripts/cluster build" when one is missing
+    t0 = time.monotonic()
+    bins, imgs, reg = prepare()
+    log.info("binaries and images ready in %.1f s", time.monotonic() - t0)
     st = State(nodes=n_nodes)
     t0 = time.monotonic()
     try:
-        _up(st, bins, n_nodes, registry_hook, list(images))
+        _up(
+            st,
+            bins,
+            n_nodes,
+            lambda logs: [start_registry(reg, imgs, logs)],
+            [i.archive for i in imgs if "debian" not in i.ref],
+        )
     except BaseException:
         log.error("up failed: removing what it made")
         down()
@@ -121,7 +154,7 @@ def up(n_nodes: int = 1, registry_hook: Any = None, images: Sequence[Path] = ())
     return st
 
 
-def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, images: list[Path]) -> None:
+def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, archives: list[Path]) -> None:
     logs = WORK / "logs"
     pki = WORK / "pki"
     logs.mkdir(parents=True, exist_ok=True)
@@ -146,16 +179,15 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, images: lis
         st.save()
         nodemod.mount_sys(nd)
         nodemod.cluster_network_config(nd)
-    if registry_hook is not None:
-        st.procs += registry_hook()
-        st.save()
+    st.procs += registry_hook(logs)
+    st.save()
     control_plane.make_pki(pki, n_nodes)
     st.procs += control_plane.start(bins, pki, WORK / "data", logs, topo.node_netns(1))
     st.save()
     for nd in nodes:
         st.procs.append(nodemod.start_containerd(nd, bins, topo.REGISTRY, logs / nd.name))
         st.save()
-        nodemod.import_images(nd, bins, images)
+        nodemod.import_images(nd, bins, archives)
         st.procs.append(nodemod.start_kube_proxy(nd, bins, pki, logs / nd.name))
         st.procs.append(nodemod.start_kubelet(nd, bins, pki, logs / nd.name))
         st.save()
@@ -231,6 +263,50 @@ def _umount_under(root: Path) -> None:
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     for m in sorted((m for m in mounts if m.startswith(str(root))), key=len, reverse=True):
         subprocess.run(["umount", "-l", m], capture_output=True, check=False)
+
+
+def restart(name: str, sig: int = signal.SIGTERM) -> float:
+    """End one recorded component with ``sig`` and start it again as ``up`` did (kubelet, the API
+    server, ...): the fault tests. The seconds it took."""
+    t0 = time.monotonic()
+    stop_one(name, sig)
+    start_again(name)
+    return time.monotonic() - t0
+
+
+def stop_one(name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Signal one recorded component and wait until it is gone."""
+    st = State.load()
+    p = next(p for p in st.procs if p.name == name)
+    if procs.alive(p):
+        os.kill(p.pid, sig)
+    deadline = time.monotonic() + timeout
+    while procs.alive(p) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if procs.alive(p):
+        os.kill(p.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(p.pid, 0)
+
+
+def start_again(name: str) -> Proc:
+    """Start a component that :func:`stop_one` ended, the way ``up`` started it; recorded."""
+    bins = build.binaries()
+    logs, pki = WORK / "logs", WORK / "pki"
+    if name == "kube-apiserver":
+        new = control_plane.start_apiserver(bins, pki, logs, topo.node_netns(1))
+    else:
+        node_name, _, comp = name.partition("/")
+        nd = Node(int(node_name.rsplit("-", 1)[1]))
+        starters = {
+            "kubelet": lambda: nodemod.start_kubelet(nd, bins, pki, logs / nd.name),
+            "containerd": lambda: nodemod.start_containerd(nd, bins, topo.REGISTRY, logs / nd.name),
+        }
+        new = starters[comp]()
+    st = State.load()
+    st.procs = [p for p in st.procs if p.name != name] + [new]
+    st.save()
+    return new
 
 
 def status() -> str:

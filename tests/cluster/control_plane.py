@@ -73,9 +73,36 @@ def make_pki(d: Path, nodes: int) -> None:
         )
 
 
-def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list[Proc]:
-    """The four components in order, each waited for; a failure names the component with its log."""
-    procs: list[Proc] = []
+def apiserver_argv(bins: Binaries, pki: Path) -> list[str]:
+    return [
+        bins.path("kube-apiserver"),
+        "--etcd-servers=https://127.0.0.1:2379",
+        f"--etcd-cafile={pki / 'ca.crt'}",
+        f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
+        f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
+        f"--secure-port={API_PORT}",
+        "--bind-address=0.0.0.0",
+        f"--advertise-address={topo.node_ip(1)}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={topo.SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=lease",
+        "--profiling=false",
+        "-v=1",
+    ]
+
+
+def start_etcd(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> Proc:
     etcd = spawn(
         "etcd",
         [
@@ -98,41 +125,19 @@ def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list
         logs / "etcd.log",
         netns,
     )
-    procs.append(etcd)
     wait_for("etcd /health", lambda: _probe_in_netns(netns, "http://127.0.0.1:2381/health"), 60, etcd)
-    api = spawn(
-        "kube-apiserver",
-        [
-            bins.path("kube-apiserver"),
-            "--etcd-servers=https://127.0.0.1:2379",
-            f"--etcd-cafile={pki / 'ca.crt'}",
-            f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
-            f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
-            f"--secure-port={API_PORT}",
-            "--bind-address=0.0.0.0",
-            f"--advertise-address={topo.node_ip(1)}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
-            "--kubelet-preferred-address-types=InternalIP",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={topo.SERVICE_CIDR}",
-            "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true",
-            "--endpoint-reconciler-type=lease",
-            "--profiling=false",
-            "-v=1",
-        ],
-        logs / "kube-apiserver.log",
-        netns,
-    )
-    procs.append(api)
+    return etcd
+
+
+def start_apiserver(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
+    api = spawn("kube-apiserver", apiserver_argv(bins, pki), logs / "kube-apiserver.log", netns)
     wait_for("the API server's /readyz", lambda: _probe_in_netns(netns, f"{api_url()}/readyz", pki), 120, api)
+    return api
+
+
+def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list[Proc]:
+    """The four components in order, each waited for; a failure names the component with its log."""
+    procs = [start_etcd(bins, pki, data, logs, netns), start_apiserver(bins, pki, logs, netns)]
     common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "-v=1"]
     kcm = spawn(
         "kube-controller-manager",
@@ -168,18 +173,14 @@ def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list
         netns,
     )
     procs.append(sched)
-    wait_for(
-        "kube-controller-manager's /healthz",
-        lambda: _probe_in_netns(netns, "https://127.0.0.1:10257/healthz", pki, verify=False),
-        60,
-        kcm,
-    )
-    wait_for(
-        "kube-scheduler's /healthz",
-        lambda: _probe_in_netns(netns, "https://127.0.0.1:10259/healthz", pki, verify=False),
-        60,
-        sched,
-    )
+    for proc, port in ((kcm, 10257), (sched, 10259)):
+        url = f"https://127.0.0.1:{port}/healthz"
+        wait_for(
+            f"{proc.name}'s /healthz",
+            lambda url=url: _probe_in_netns(netns, url, pki, verify=False),
+            60,
+            proc,
+        )
     return procs
 
 

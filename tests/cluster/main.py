@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.verb == "build":
         t0 = time.monotonic()
-        build.build_all()
+        cluster.prepare()
         logging.info("build: %.0f s", time.monotonic() - t0)
         return 0
     if a.verb == "up":

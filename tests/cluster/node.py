@@ -253,7 +253,7 @@ def containerd_config(node: Node, registry: str) -> Path:
         d.mkdir(parents=True, exist_ok=True)
         (d / "hosts.toml").write_text(
             f'server = "http://{registry}"\n\n[host."http://{registry}"]\n'
-            '  capabilities = ["pull", "resolve"]\n  skip_verify = true\n'
+            '  capabilities = ["pull", "resolve"]\n'
         )
     conf = etc / "config.toml"
     conf.write_text(f"""version = 3

@@ -127,3 +127,49 @@ def node_network(node: Node) -> dict[str, Any]:
             if g.read_text().strip() != "0000:0000:0000:0000:0000:0000:0000:0000"
         }
     return {"addr": addrs, "route": routes, "rule": rules, "gid": gids}
+
+
+def use_macvlan_link(node: Node) -> None:
+    """Shared mode's delegate with ``link: macvlan``: this kernel has no IPVLAN (the VM tests keep
+    the IPVLAN default). Written into the node's config the install container laid down."""
+    path = node.dir("/etc/cni/net.d") / "rdma-multus.d" / "tke-rdma-ipvlan.conf"
+    wait(f"{path} installed", path.exists, 120)
+    conf = json.loads(path.read_text())
+    conf["link"] = "macvlan"
+    conf.pop("ipvlanMode", None)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(conf, indent=2))
+    tmp.rename(path)
+
+
+def shared_deployment(replicas: int = 4) -> str:
+    """Shared mode's workload: pods annotated ``tke-route-eni,tke-rdma-ipvlan``, each asking for 1."""
+    doc = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "rdma-shared", "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "rdma-shared"}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": "rdma-shared"},
+                    "annotations": {"tke.cloud.tencent.com/networks": "tke-route-eni,tke-rdma-ipvlan"},
+                },
+                "spec": {
+                    "nodeSelector": {LABEL: "true"},
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "app",
+                            "image": TEST_IMAGE,
+                            "command": ["sleep", "1000000"],
+                            "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+                            "resources": {"limits": {RDMA: "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    return yaml.safe_dump(doc)

@@ -1,0 +1,456 @@
+"""The product on a real cluster, installed as a user installs it (tests/cluster: Kubernetes v1.37.2,
+etcd and containerd 2.4 built from Go modules; two simulated RDMA nodes of 8 bonds on 2 NUMA nodes).
+
+In order, on one cluster (module scope; the tests read each other's state the way a user's session
+does): the DaemonSet from conf/k8s/rdma-cni.yaml on labelled nodes and the capacity it registers;
+seed 000's ibv-app StatefulSet as written (only its image replaced), scheduled, looked into, pinged
+across nodes, its network-status annotation; a fifth replica Pending on the scheduler's reason; the
+nodes exact after scaling to 0; a NetworkAttachmentDefinition; the ServiceAccount's rights; then the
+faults with RDMA pods running (kubelet restarted by SIGTERM and -9, the DaemonSet's pod deleted, a
+rolling update, the API server down while a pod is deleted) and shared mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cluster import cluster
+from cluster import topology as topo
+from cluster import workloads as w
+from cluster.build import Binaries
+from cluster.cluster import GPU, RDMA, kubectl
+from cluster.node import Node
+
+pytestmark = [pytest.mark.cluster, pytest.mark.netns]
+
+NODES = 2
+SEED = "k8s-app=ibv-app"
+DS = "k8s-app=rdma-cni"
+NAD_CRD = w.Path(__file__).resolve().parent / "cluster" / "nad-crd.yaml"
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[Binaries]:
+    """Two nodes labelled, the product applied, capacity registered; everything removed after.
+    ``RDMA_CNI_CLUSTER_REUSE=1`` (while working on these tests) keeps a cluster that is up, and up."""
+    reuse = os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1"
+    if not (reuse and cluster.State.load().procs):
+        cluster.up(NODES)
+    try:
+        bins = cluster.build.binaries()
+        w.label_nodes(bins, NODES)
+        w.apply(bins, w.product_manifest())
+        yield bins
+    finally:
+        if not reuse:
+            cluster.down()
+
+
+def nodes() -> list[Node]:
+    return [Node(n) for n in range(1, NODES + 1)]
+
+
+def pod(bins: Binaries, name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(kubectl(bins, "get", "pod", name, "-o", "json").stdout)
+    return doc
+
+
+def bonds_of(bins: Binaries, name: str) -> dict[str, str]:
+    """The pod's bond interfaces and their IPv4 addresses, from inside it."""
+    out = json.loads(w.pod_exec(bins, name, "ip", "-j", "-4", "addr"))
+    return {a["ifname"]: a["addr_info"][0]["local"] for a in out if a["ifname"].startswith("bond")}
+
+
+def wait_exact(before: dict[str, dict[str, Any]], timeout: float = 60) -> None:
+    """Every node's addresses, routes, rules and GIDs as ``before`` (DELs finish after the pods go)."""
+    w.wait(
+        "every node exactly as before the pods",
+        lambda: all(w.node_network(nd) == before[nd.name] for nd in nodes()),
+        timeout,
+    )
+
+
+def test_daemonset_installs_on_labelled_nodes_and_each_node_offers_8(kube: Binaries) -> None:
+    ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=240)
+    assert sorted(p["spec"]["nodeName"] for p in ds) == [topo.node_name(n) for n in range(1, NODES + 1)]
+    for nd in nodes():
+        w.wait(f"{nd.name} offers 8 {RDMA}", lambda nd=nd: w.node_capacity(kube, nd.name) == (8, 8), 60)
+        # the install container laid the bundle and the configs into that node's own directories
+        assert (nd.dir("/opt/cni/bin") / "rdma-multus").exists()
+        assert (nd.dir("/etc/cni/net.d") / "00-rdma-multus.conflist").is_file()
+        assert (nd.dir("/etc/cni/net.d") / "rdma-multus.d" / "rdma-multus.kubeconfig").is_file()
+    described = kubectl(kube, "describe", "node").stdout
+    assert described.count(f"{RDMA}:  8") == 2 * NODES  # capacity and allocatable of each node
+
+
+@pytest.fixture(scope="module")
+def baseline(kube: Binaries) -> dict[str, dict[str, Any]]:
+    """Each node's network before any RDMA pod (after the DaemonSet: its pods are hostNetwork)."""
+    w.wait_ready(kube, DS, NODES, "kube-system", timeout=240)
+    return {nd.name: w.node_network(nd) for nd in nodes()}
+
+
+def test_seed_statefulset_runs_two_pods_per_node_and_a_fifth_stays_pending(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    w.apply(kube, w.seed_statefulset())
+    ps = w.wait_ready(kube, SEED, 4, timeout=240)
+    per_node = sorted(p["spec"]["nodeName"] for p in ps)
+    assert per_node == sorted([topo.node_name(1)] * 2 + [topo.node_name(2)] * 2)
+
+    kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=5")
+
+    def unschedulable() -> str:
+        conds = pod(kube, "ibv-app-4").get("status", {}).get("conditions", [])
+        return next(
+            (c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"),
+            "",
+        )
+
+    message = w.wait("ibv-app-4 unschedulable", unschedulable, 60)
+    assert f"Insufficient {RDMA}" in message, message
+    assert pod(kube, "ibv-app-4")["status"]["phase"] == "Pending"
+    kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
+    w.wait_ready(kube, SEED, 4)
+
+
+def test_inside_the_seed_pod_its_four_bonds_their_devices_and_the_host_gid_index(kube: Binaries) -> None:
+    p = pod(kube, "ibv-app-0")
+    nd = Node(int(p["spec"]["nodeName"].rsplit("-", 1)[1]))
+    bonds = bonds_of(kube, "ibv-app-0")
+    assert len(bonds) == 4
+    host_ips = {f"bond{b}": topo.bond_ip(nd.n, b) for b in range(topo.BONDS)}
+    for ifname, address in bonds.items():
+        assert host_ips[ifname] == address, "each bond carries the bond's own IP, named like the bond"
+        assert address not in json.dumps(w.node_network(nd)["addr"]), "moved from the host, not copied"
+    indexes = sorted(int(i.removeprefix("bond")) for i in bonds)
+    devs = set(w.pod_exec(kube, "ibv-app-0", "ls", "/dev/infiniband").split())
+    want = {f"uverbs{i}" for i in indexes} | {f"umad{i}" for i in indexes} | {f"issm{i}" for i in indexes}
+    assert devs == want | {"rdma_cm"}, "exactly its bonds' device nodes and rdma_cm"
+    env = dict(line.split("=", 1) for line in w.pod_exec(kube, "ibv-app-0", "env").split("\n") if "=" in line)
+    # the host's RoCE v2 index of each bond's IPv4 address (mlx5: v1 at 2, v2 at 3), which the pod keeps
+    types = (
+        nd.sys_tree
+        / "class"
+        / "infiniband"
+        / f"mlx5_bond_{indexes[0]}"
+        / "ports"
+        / "1"
+        / "gid_attrs"
+        / "types"
+    )
+    assert (types / env["NCCL_IB_GID_INDEX"]).read_text().strip() == "RoCE v2"
+    assert env["NCCL_IB_GID_INDEX"] == "3"
+    assert (
+        (types.parent.parent / "gids" / "3")
+        .read_text()
+        .strip()
+        .endswith(_gid_tail(bonds[f"bond{indexes[0]}"]))
+    )
+    assert env["NCCL_IB_HCA"].lstrip("=").split(",") == [f"mlx5_bond_{i}" for i in indexes]
+    # kubelet's topology manager put the GPUs on the bonds' NUMA node
+    bond_numa = {topo.bond_numa(i) for i in indexes}
+    assert {int(x) for x in env["RDMA_CNI_TEST_GPU_NUMA_NODES"].split(",")} == bond_numa
+    assert len(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == 4
+
+
+def _gid_tail(ip: str) -> str:
+    """The last two groups of an IPv4-mapped GID as sysfs writes them (198.51.100.2 -> c633:6402)."""
+    o = [int(x) for x in ip.split(".")]
+    return f"{o[0]:02x}{o[1]:02x}:{o[2]:02x}{o[3]:02x}"
+
+
+def test_seed_pods_ping_their_peers_on_the_other_node_over_every_rdma_subnet(kube: Binaries) -> None:
+    ps = w.pods(kube, SEED)
+    a = next(p["metadata"]["name"] for p in ps if p["spec"]["nodeName"] == topo.node_name(1))
+    b = next(p["metadata"]["name"] for p in ps if p["spec"]["nodeName"] == topo.node_name(2))
+    mine, theirs = sorted(bonds_of(kube, a).items()), sorted(bonds_of(kube, b).items())
+    for (ifname, src), (_, dst) in zip(mine, theirs, strict=True):
+        out = kubectl(kube, "exec", a, "--", "ping", "-c", "2", "-W", "3", "-I", src, dst, check=False)
+        assert out.returncode == 0, f"{a} {ifname} {src} -> {b} {dst}: {out.stdout}{out.stderr}"
+
+
+def test_network_status_was_patched_through_the_api_server_with_the_shipped_rbac(kube: Binaries) -> None:
+    doc = json.loads(kubectl(kube, "get", "pod", "ibv-app-0", "-o", "json", "--show-managed-fields").stdout)
+    status = json.loads(doc["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"])
+    rdma = [s for s in status if s["interface"].startswith("bond")]
+    assert len(rdma) == 4 and all(
+        s["device-info"]["pci"]["rdma-device"].startswith("mlx5_bond_") for s in rdma
+    )
+    writers = [
+        m
+        for m in doc["metadata"]["managedFields"]
+        if m.get("subresource") == "status"
+        and "k8s.v1.cni.cncf.io/network-status" in json.dumps(m.get("fieldsV1", {}))
+    ]
+    assert writers, "the annotation came through PATCH pods/status"
+    # and the identity was the DaemonSet's ServiceAccount (the node kubeconfig holds its token)
+    audit = kubectl(
+        kube,
+        "auth",
+        "can-i",
+        "patch",
+        "pods",
+        "--subresource=status",
+        "--as=system:serviceaccount:kube-system:rdma-cni",
+        check=False,
+    ).stdout.strip()
+    assert audit == "yes"
+
+
+def test_the_shipped_serviceaccount_can_do_what_the_product_needs_and_nothing_more(kube: Binaries) -> None:
+    _nad_crd(kube)  # can-i knows a resource only once its type exists
+    sa = "--as=system:serviceaccount:kube-system:rdma-cni"
+    want = {
+        ("get", "pods"): "yes",
+        ("patch", "pods", "--subresource=status"): "yes",
+        ("get", "network-attachment-definitions.k8s.cni.cncf.io"): "yes",
+        ("list", "pods"): "no",
+        ("watch", "pods"): "no",
+        ("patch", "pods"): "no",
+        ("delete", "pods"): "no",
+        ("create", "pods"): "no",
+        ("get", "secrets"): "no",
+        ("list", "secrets"): "no",
+        ("get", "configmaps"): "no",
+        ("update", "nodes"): "no",
+        ("list", "network-attachment-definitions.k8s.cni.cncf.io"): "no",
+    }
+    got = {k: kubectl(kube, "auth", "can-i", *k, sa, "-A", check=False).stdout.strip() for k in want}
+    assert got == want
+
+
+def test_scaled_to_zero_every_node_is_exact_and_scaled_back_all_run(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=0")
+    w.wait_gone(kube, SEED)
+    wait_exact(baseline)
+    kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
+    w.wait_ready(kube, SEED, 4)
+
+
+def _nad_crd(kube: Binaries) -> None:
+    kubectl(kube, "apply", "-f", str(NAD_CRD))
+    w.wait(
+        "the NAD CRD established",
+        lambda: (
+            kubectl(
+                kube,
+                "get",
+                "crd",
+                "network-attachment-definitions.k8s.cni.cncf.io",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+            ).stdout
+            == "True"
+        ),
+        30,
+    )
+
+
+def test_a_network_attachment_definition_named_in_the_annotation_is_used(kube: Binaries) -> None:
+    _nad_crd(kube)
+    delegate = json.loads((w.REPO / "conf/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf").read_text())
+    delegate["name"] = "rdma-nad"
+    kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=3")  # leaves one node with 4 bonds free
+    w.wait_ready(kube, SEED, 3)
+    nad = {
+        "apiVersion": "k8s.cni.cncf.io/v1",
+        "kind": "NetworkAttachmentDefinition",
+        "metadata": {
+            "name": "rdma-nad",
+            "namespace": "default",
+            "annotations": {"k8s.v1.cni.cncf.io/resourceName": RDMA},
+        },
+        "spec": {"config": json.dumps(delegate)},
+    }
+    podspec = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "nad-pod",
+            "labels": {"app": "nad-pod"},
+            "annotations": {"tke.cloud.tencent.com/networks": "tke-route-eni,rdma-nad"},
+        },
+        "spec": {
+            "nodeSelector": {w.LABEL: "true"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": w.TEST_IMAGE,
+                    "command": ["sleep", "1000000"],
+                    "resources": {"limits": {RDMA: "1"}},
+                }
+            ],
+        },
+    }
+    w.apply(kube, json.dumps(nad) + "\n---\n" + json.dumps(podspec))
+    try:
+        w.wait_ready(kube, "app=nad-pod", 1)
+        status = json.loads(
+            pod(kube, "nad-pod")["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+        )
+        assert [s["name"] for s in status] == ["tke-route-eni", "default/rdma-nad"]
+        assert len(bonds_of(kube, "nad-pod")) == 1
+    finally:
+        kubectl(kube, "delete", "pod", "nad-pod", "--wait=true", check=False)
+        kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
+    w.wait_ready(kube, SEED, 4)
+
+
+def _pods_undisturbed(kube: Binaries, before: dict[str, Any]) -> None:
+    """Same pods, same containers (no restart), same bonds and addresses."""
+    assert _pod_state(kube) == before
+
+
+def _pod_state(kube: Binaries) -> dict[str, Any]:
+    return {
+        p["metadata"]["name"]: (
+            p["metadata"]["uid"],
+            p["status"]["containerStatuses"][0]["containerID"],
+            p["status"]["containerStatuses"][0]["restartCount"],
+            sorted(bonds_of(kube, p["metadata"]["name"]).items()),
+        )
+        for p in w.wait_ready(kube, SEED, 4)
+    }
+
+
+def _allocatable_back(kube: Binaries, node: str) -> None:
+    w.wait(f"{node} allocatable 8 again", lambda: w.node_capacity(kube, node) == (8, 8), 60)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_kubelet_restarted_leaves_the_pods_undisturbed_and_the_capacity_comes_back(
+    kube: Binaries, sig: signal.Signals
+) -> None:
+    before = _pod_state(kube)
+    nd = Node(1)
+    cluster.restart(f"{nd.name}/kubelet", sig)
+    # kubelet side: the device plugin re-registered (kubelet.sock re-created, the plugin follows)
+    w.wait(
+        "the device plugin registered again",
+        lambda: (
+            (nd.dir("/var/lib/kubelet") / "device-plugins").exists()
+            and any(
+                s.name.startswith("rdma") for s in (nd.dir("/var/lib/kubelet") / "device-plugins").iterdir()
+            )
+        ),
+        30,
+    )
+    _allocatable_back(kube, nd.name)
+    _pods_undisturbed(kube, before)
+
+
+def test_the_daemonsets_pod_deleted_is_recreated_and_nothing_is_lost(kube: Binaries) -> None:
+    before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
+    victim = next(
+        p["metadata"]["name"]
+        for p in w.pods(kube, DS, "kube-system")
+        if p["spec"]["nodeName"] == topo.node_name(1)
+    )
+    kubectl(kube, "-n", "kube-system", "delete", "pod", victim, "--wait=true", timeout=180)
+    ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=240)
+    assert victim not in {p["metadata"]["name"] for p in ds}
+    _allocatable_back(kube, topo.node_name(1))
+    _pods_undisturbed(kube, before)
+    assert {nd.name: w.node_network(nd) for nd in nodes()} == net
+
+
+def test_a_rolling_update_to_a_new_image_tag_loses_nothing(kube: Binaries) -> None:
+    before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
+    w.apply(kube, w.product_manifest(tag="0.1.1"))
+    kubectl(
+        kube, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
+    )
+    ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=120)
+    assert {p["spec"]["containers"][0]["image"] for p in ds} == {"rdma-cni:0.1.1"}
+    for nd in nodes():
+        _allocatable_back(kube, nd.name)
+    _pods_undisturbed(kube, before)
+    assert {nd.name: w.node_network(nd) for nd in nodes()} == net
+
+
+def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    victim = pod(kube, "ibv-app-3")
+    nd = Node(int(victim["spec"]["nodeName"].rsplit("-", 1)[1]))
+    held = bonds_of(kube, "ibv-app-3")
+    kubectl(kube, "delete", "pod", "ibv-app-3", "--grace-period=1", "--wait=false")
+    time.sleep(0.5)
+    cluster.stop_one("kube-apiserver")
+    try:
+        # kubelet runs the DEL with the API server gone: every bond's IP is the node's again
+        w.wait(
+            "the deleted pod's bonds back on the node",
+            lambda: all(
+                [ip, 28] in [list(x) for x in w.node_network(nd)["addr"].get(ifname, [])]
+                for ifname, ip in held.items()
+            ),
+            90,
+        )
+    finally:
+        cluster.start_again("kube-apiserver")
+    w.wait_ready(kube, SEED, 4, timeout=240)
+
+
+def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    kubectl(kube, "delete", "statefulset", "ibv-app", "--wait=true", timeout=180)
+    w.wait_gone(kube, SEED)
+    wait_exact(baseline)
+    w.apply(kube, w.product_manifest(rdma_mode="shared", tag="0.1.1"))
+    kubectl(
+        kube, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
+    )
+    for nd in nodes():
+        w.wait(
+            f"{nd.name} offers 1000 shared devices",
+            lambda nd=nd: w.node_capacity(kube, nd.name) == (1000, 1000),
+            120,
+        )
+    for nd in nodes():  # this kernel has no IPVLAN: the delegate's documented macvlan link
+        w.use_macvlan_link(nd)
+    shared = w.shared_deployment(replicas=4)
+    w.apply(kube, shared)
+    try:
+        ps = w.wait_ready(kube, "app=rdma-shared", 4, timeout=240)
+        addrs = {p["metadata"]["name"]: bonds_of(kube, p["metadata"]["name"]) for p in ps}
+        for name, bonds in addrs.items():
+            assert sorted(bonds) == [f"bond{b}" for b in range(topo.BONDS)], f"{name} has every bond"
+        every = [ip for bonds in addrs.values() for ip in bonds.values()]
+        assert len(every) == len(set(every)), "each pod an address of its own on every bond"
+        names = sorted(addrs)
+        a, b = names[0], names[1]
+        for ifname in ("bond0", "bond7"):
+            out = kubectl(
+                kube,
+                "exec",
+                a,
+                "--",
+                "ping",
+                "-c",
+                "2",
+                "-W",
+                "3",
+                "-I",
+                addrs[a][ifname],
+                addrs[b][ifname],
+                check=False,
+            )
+            assert out.returncode == 0, out.stdout + out.stderr
+        kubectl(kube, "scale", "deployment", "rdma-shared", "--replicas=0")
+        w.wait_gone(kube, "app=rdma-shared")
+        wait_exact(baseline)
+    finally:
+        kubectl(kube, "delete", "deployment", "rdma-shared", "--wait=false", check=False)
+    assert GPU  # the GPU stand-in stays registered throughout
