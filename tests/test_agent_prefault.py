@@ -252,7 +252,6 @@ def test_prefault_runs_under_sched_idle_and_stops_when_taken_back_to_normal() ->
     """In a child with a listener nobody connects to: the copying runs at SCHED_IDLE, stops as
     soon as something (the parent's wake_idle) sets the worker back to SCHED_OTHER, and the worker
     leaves at SCHED_OTHER."""
-    from rdma_cni.agent import server
 
     def child() -> bytes:
         seen: list[object] = []
@@ -268,7 +267,7 @@ def test_prefault_runs_under_sched_idle_and_stops_when_taken_back_to_normal() ->
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind("\0h8-prefault-" + str(os.getpid()))
             listener.listen(1)
-            server.prefault_when_idle(listener)
+            prefault.populate_when_idle(listener)
         seen.append(os.sched_getscheduler(0) == os.SCHED_OTHER)
         return repr(seen).encode()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import bond_addr
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import ANNOTATION, bond_addr, gid_index
 
 pytestmark = pytest.mark.netns

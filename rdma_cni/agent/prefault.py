@@ -18,6 +18,7 @@ import array
 import ctypes
 import os
 import re
+import select
 import socket
 from collections.abc import Callable, Iterable
 from typing import cast
@@ -217,3 +218,55 @@ def warm() -> None:
         _libc_madvise()
     except (OSError, AttributeError):
         pass
+
+
+# --- when: only on a CPU nothing else wants --------------------------------------------------------
+
+
+def populate_when_idle(
+    listener: socket.socket, leaving: Callable[[], bool] = lambda: False, only: Runs | None = None
+) -> None:
+    """Prefault under SCHED_IDLE: the copying (~15 ms of CPU) then takes only CPU time no other
+    task wants, so it never slows a call, the client waiting for it, or the node; and it goes on
+    while a call runs in another worker when a CPU is free, so the next call finds this worker
+    warm. Measured on 2 shared CPUs (load ~3), 80 cycles each, against pausing the copying while
+    any call runs: CHECK 14.2 -> 11.3 ms, ADD 20.7 -> 19.2 ms, DEL and VERSION unchanged. It
+    stops when a call waits or when the parent took it back to normal priority (wake_idle)."""
+
+    def stop() -> bool:
+        return readable(listener) or leaving() or os.sched_getscheduler(0) != os.SCHED_IDLE
+
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        populate(stop=stop, only=only)
+    finally:
+        normal_priority(0)
+
+
+def normal_priority(pid: int) -> None:
+    """Back to SCHED_OTHER: a call never runs at idle priority."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    except ProcessLookupError:
+        pass  # an idle worker that just exited
+
+
+def may_idle_and_return() -> bool:
+    """Whether a worker may leave SCHED_IDLE again (root, or CAP_SYS_NICE): tried in a child, as
+    a worker stuck at idle priority would serve its call only when the node has nothing else to do."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def readable(sock: socket.socket, timeout: float = 0.0) -> bool:
+    """A connection waits in the backlog (or arrives within ``timeout`` seconds)."""
+    return bool(select.select([sock], [], [], timeout)[0])

@@ -60,7 +60,7 @@ TRIM_AFTER = 3.0
 PREFAULT_BUSY_LIMIT = 6
 # An idle worker waits this long for a call before it prefaults: in a burst of back-to-back calls
 # the copying would only take CPU from the calls it is meant to speed up. For the same reason it
-# copies under SCHED_IDLE: only on a CPU nothing else wants (prefault_when_idle).
+# copies under SCHED_IDLE: only on a CPU nothing else wants (prefault.populate_when_idle).
 PREFAULT_DELAY = 0.005
 # A call that finds every worker busy waits in the listen backlog for one of them to come back, for
 # up to this long: a worker more would add its fork and ~850 copy-on-write faults (~8 ms of CPU, as
@@ -158,7 +158,7 @@ class Agent:
         served = self.registry.preload()
         namespaces.warm()
         prefault.warm()
-        if self.config.prefault and not _may_idle_and_return():
+        if self.config.prefault and not prefault.may_idle_and_return():
             log.warning("cannot switch workers to SCHED_IDLE and back (CAP_SYS_NICE): no prefault")
             self.config.prefault = False
         self.anchors = namespaces.code_anchors()
@@ -323,7 +323,7 @@ class Agent:
         if since is None:
             return
         assert self._listener is not None
-        if self.idle or not _readable(self._listener):
+        if self.idle or not prefault.readable(self._listener):
             self._queued_since = None
             return
         waited = time.monotonic() - since
@@ -368,7 +368,7 @@ class Agent:
         CPU to notice, and linger with its memory."""
         self.idle.discard(pid)
         self.leaving.add(pid)
-        _normal_priority(pid)
+        prefault.normal_priority(pid)
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -385,14 +385,14 @@ class Agent:
         home = namespaces.Home()
         arrivals = Arrivals(listener)
         hot = self.hot
-        if warm and hot is not None and hot.runs and not _readable(listener, PREFAULT_DELAY):
-            prefault_when_idle(listener, arrivals.leaving, hot.runs)
+        if warm and hot is not None and hot.runs and not prefault.readable(listener, PREFAULT_DELAY):
+            prefault.populate_when_idle(listener, arrivals.leaving, hot.runs)
         for served in range(1, self.config.calls_per_worker + 1):
             fds = worker.open_fds()  # what a call must leave behind: the same, once its conn is closed
             conn = arrivals.next()
             if conn is None:
                 return  # told to leave (trim) while waiting
-            _normal_priority(0)  # whatever happened while idle, the call runs at normal priority
+            prefault.normal_priority(0)  # whatever happened while idle, the call runs at normal priority
             namespaces.die_with_parent(False)
             os.write(self._events[1], struct.pack("!i", os.getpid()))
             try:
@@ -433,7 +433,7 @@ class Agent:
         (When a worker accepts before the parent looks, the parent may see no event at all: then
         the call was taken, which is all this is for.)"""
         for pid in self.idle:
-            _normal_priority(pid)
+            prefault.normal_priority(pid)
 
     def refuse_one(self) -> None:
         assert self._listener is not None
@@ -579,49 +579,6 @@ class Arrivals:
         return None
 
 
-def prefault_when_idle(
-    listener: socket.socket, leaving: Callable[[], bool] = lambda: False, only: prefault.Runs | None = None
-) -> None:
-    """Prefault under SCHED_IDLE: the copying (~15 ms of CPU) then takes only CPU time no other
-    task wants, so it never slows a call, the client waiting for it, or the node; and it goes on
-    while a call runs in another worker when a CPU is free, so the next call finds this worker
-    warm. Measured on 2 shared CPUs (load ~3), 80 cycles each, against pausing the copying while
-    any call runs: CHECK 14.2 -> 11.3 ms, ADD 20.7 -> 19.2 ms, DEL and VERSION unchanged. It
-    stops when a call waits or when the parent took it back to normal priority (wake_idle)."""
-
-    def stop() -> bool:
-        return _readable(listener) or leaving() or os.sched_getscheduler(0) != os.SCHED_IDLE
-
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    try:
-        prefault.populate(stop=stop, only=only)
-    finally:
-        _normal_priority(0)
-
-
-def _normal_priority(pid: int) -> None:
-    try:
-        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
-    except ProcessLookupError:
-        pass  # an idle worker that just exited
-
-
-def _may_idle_and_return() -> bool:
-    """Whether a worker may leave SCHED_IDLE again (root, or CAP_SYS_NICE): tried in a child, as
-    a worker stuck at idle priority would serve its call only when the node has nothing else to do."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
 def _has_children(pid: int) -> bool:
     """The worker runs a child process now (a delegate, an IPAM plugin): /proc's children list of
     its main thread (workers are single-threaded); False when it is gone."""
@@ -643,11 +600,6 @@ def _socket_inode(path: str) -> int | None:
         return os.stat(path).st_ino
     except OSError:
         return None
-
-
-def _readable(sock: socket.socket, timeout: float = 0.0) -> bool:
-    """A connection waits in the backlog (or arrives within ``timeout`` seconds)."""
-    return bool(select.select([sock], [], [], timeout)[0])
 
 
 def _drain(fd: int) -> None:

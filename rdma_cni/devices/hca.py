@@ -55,7 +55,8 @@ class Hca:
         return self.link_layer == INFINIBAND
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """A sysfs attribute's text, stripped; None when it cannot be read (absent, or a device going away)."""
     try:
         with open(path) as f:
             return f.read().strip()
@@ -85,10 +86,10 @@ def _pci_netdevs(parent: str, port: int) -> list[tuple[str, int | None]]:
         return []
     out = []
     for name in names:
-        dev_port = _read(os.path.join(base, name, "dev_port"))
+        dev_port = read_text(os.path.join(base, name, "dev_port"))
         if len(names) > 1 and dev_port is not None and dev_port.isdigit() and int(dev_port) + 1 != port:
             continue
-        kind = _read(os.path.join(base, name, "type"))
+        kind = read_text(os.path.join(base, name, "type"))
         out.append((name, int(kind) if kind and kind.isdigit() else None))
     return out
 
@@ -98,7 +99,7 @@ def _master(sysfs_root: str, netdev: str) -> str | None:
 
 
 def _numa(parent: str) -> int | None:
-    text = _read(os.path.join(parent, "numa_node"))
+    text = read_text(os.path.join(parent, "numa_node"))
     try:
         value = int(text) if text is not None else -1
     except ValueError:
@@ -117,8 +118,8 @@ def mad_devices(sysfs_root: str) -> dict[tuple[str, int], tuple[tuple[str, ...],
     out: dict[tuple[str, int], tuple[list[str], list[str]]] = {}
     for name in names:
         kind = 0 if name.startswith("umad") else 1 if name.startswith("issm") else None
-        ibdev = _read(os.path.join(base, name, "ibdev")) if kind is not None else None
-        port = _read(os.path.join(base, name, "port"))
+        ibdev = read_text(os.path.join(base, name, "ibdev")) if kind is not None else None
+        port = read_text(os.path.join(base, name, "port"))
         if kind is None or not ibdev or not port or not port.isdigit():
             continue
         out.setdefault((ibdev, int(port)), ([], []))[kind].append(name)
@@ -136,12 +137,12 @@ def read_hca(
     if not ports:
         return None
     port = ports[0]
-    link_layer = _read(os.path.join(sysfs.port_dir(sysfs_root, device, port), "link_layer")) or "UNKNOWN"
+    link_layer = read_text(os.path.join(sysfs.port_dir(sysfs_root, device, port), "link_layer")) or "UNKNOWN"
     parent = os.path.join(sysfs.device_dir(sysfs_root, device), "device")
     pci = address_of(sysfs_root, device)
     on_pci = pci is not None
     own = _pci_netdevs(parent, port) if os.path.isdir(parent) else []
-    gid_ndev = _read(os.path.join(sysfs.port_dir(sysfs_root, device, port), "gid_attrs", "ndevs", "0"))
+    gid_ndev = read_text(os.path.join(sysfs.port_dir(sysfs_root, device, port), "gid_attrs", "ndevs", "0"))
     if link_layer == INFINIBAND:
         ipoib = [n for n, kind in own if kind == ARPHRD_INFINIBAND]
         netdev = ipoib[0] if ipoib else None
@@ -161,8 +162,8 @@ def read_hca(
         netdev=netdev,
         netdevs=tuple(dict.fromkeys(names)),
         pci=pci,
-        vendor=pci_id(_read(os.path.join(parent, "vendor"))) if on_pci else None,
-        device_id=pci_id(_read(os.path.join(parent, "device"))) if on_pci else None,
+        vendor=pci_id(read_text(os.path.join(parent, "vendor"))) if on_pci else None,
+        device_id=pci_id(read_text(os.path.join(parent, "device"))) if on_pci else None,
         driver=_link_name(os.path.join(parent, "driver")) if on_pci else None,
         numa=_numa(parent) if os.path.isdir(parent) else None,
         uverbs=uverbs.get(device),

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from rdma_cni.devices import hca as hca_inventory
 from rdma_cni.devices import pools as pools_model
 from rdma_cni.devices.config import PluginConfig
-from rdma_cni.devices.hca import Hca, mad_devices
+from rdma_cni.devices.hca import Hca, mad_devices, read_text
 from rdma_cni.devices.health import HcaObservation, Holder, Observation, evaluate, evaluate_hca
 from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot, natural_key
 from rdma_cni.devices.pci import address_of, pcie_root
@@ -79,14 +79,6 @@ def numa_of(sysfs_root: str, device: str) -> int | None:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def _bond_netdevs(cfg: PluginConfig, ports: list[sysfs.RdmaPort]) -> list[str]:
@@ -267,7 +259,7 @@ def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observati
 
 
 def _port_state(sysfs_root: str, bond: RdmaBond) -> str:
-    text = _read(os.path.join(sysfs.port_dir(sysfs_root, bond.id, bond.port), "state"))
+    text = read_text(os.path.join(sysfs.port_dir(sysfs_root, bond.id, bond.port), "state"))
     return text.split(":", 1)[-1].strip() if text else "UNKNOWN"
 
 
@@ -299,7 +291,7 @@ def observe_hcas(cfg: PluginConfig, hcas: Iterable[Hca]) -> dict[str, HcaObserva
         uverbs = dev_path(cfg, h.uverbs) if h.uverbs else ""
         state = "GONE"
         if h.id in present:
-            text = _read(os.path.join(sysfs.port_dir(cfg.sysfs_root, h.id, h.port), "state"))
+            text = read_text(os.path.join(sysfs.port_dir(cfg.sysfs_root, h.id, h.port), "state"))
             state = text.split(":", 1)[-1].strip() if text else "UNKNOWN"
         out[h.id] = HcaObservation(
             port_state=state,

@@ -4,8 +4,8 @@ real plugins, and everything removed again.
 Its steps follow the seed's guide, one module each, shared by the exclusive mode (rdma-macvlan:
 :mod:`.exclusive`) and the shared mode (rdma-ipvlan and a shared pool: :mod:`.shared`):
 
-1. the node, its bonds, RDMA devices, plugins and configs (:mod:`.node`; shared mode's in
-   :mod:`.shared_node`);
+1. the node, its bonds and RDMA devices (:mod:`.node`), the plugins, configs and tools installed on
+   it (:mod:`.installed`; shared mode's in :mod:`.shared_node`);
 2. the device plugin and what kubelet sees and admits (:mod:`.device_plugin`);
 3. the pod, ADDed through rdma-multus (:mod:`.pod`);
 4. inside the pod: interfaces, routes, GID indexes (:mod:`.inside_pod`);

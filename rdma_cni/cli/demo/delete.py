@@ -10,7 +10,7 @@ import json
 from functools import partial
 from typing import Any
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import gid_index
 from rdma_cni.cli.demo.shared_node import SharedDemo
 from rdma_cni.cli.demo.shell import DemoFailed, banner, run, say

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import POD, RESOURCE
 from rdma_cni.cli.demo.shared_node import GID_ENV, SHARED_COUNT, SharedDemo
 from rdma_cni.cli.demo.shell import REPO, DemoFailed, say

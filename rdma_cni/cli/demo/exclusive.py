@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 
 from rdma_cni.cli.demo import delete, device_plugin, inside_pod, node_says, pod, traffic
-from rdma_cni.cli.demo.install import Demo, step_node
+from rdma_cni.cli.demo.installed import Demo, step_node
 from rdma_cni.cli.demo.node import RESOURCE
 from rdma_cni.cli.demo.shell import banner, finish, interrupted
 

@@ -11,7 +11,7 @@ import json
 from functools import partial
 from typing import Any
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import bond_addr, bond_ip, gid_index
 from rdma_cni.cli.demo.shared_node import NETWORK, PODS, SharedDemo
 from rdma_cni.cli.demo.shell import DemoFailed, banner, run, say

@@ -1,5 +1,5 @@
 """Step 1 of the demo: the node. :class:`Node` holds one run's node: its namespaces and bonds, the
-simulated RDMA devices, and how to look at it; :class:`.install.Demo` adds what is installed and
+simulated RDMA devices, and how to look at it; :class:`.installed.Demo` adds what is installed and
 configured there.
 
 What it builds, on any Linux machine with netns/veth/macvlan (no RDMA hardware needed):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.shell import banner
 
 

@@ -10,7 +10,7 @@ import json
 import uuid
 
 from rdma_cni.cli.demo.device_plugin import quoted
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import ANNOTATION, POD, RESOURCE
 from rdma_cni.cli.demo.shared_node import SharedDemo
 from rdma_cni.cli.demo.shell import DemoFailed, banner, say

@@ -15,7 +15,7 @@ import sys
 import uuid
 from typing import Any
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import POD, RESOURCE, bond_addr
 from rdma_cni.cli.demo.shell import REPO, run
 from rdma_cni.cli.tool import container_id_for

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from rdma_cni.cli.demo.install import Demo
+from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import bond_addr
 from rdma_cni.cli.demo.shared_node import SharedDemo
 from rdma_cni.cli.demo.shell import DemoFailed, banner, run, say

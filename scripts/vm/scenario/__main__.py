@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
 """The real-kernel end-to-end scenario of rdma-cni; runs inside the vm-e2e guest
-(``python3 scripts/vm/scenario``: this folder, one module per section, in the order they run).
+(``PYTHONPATH=scripts/vm python3 -m scenario``: this folder, one module per section, in the order they
+run).
 
 Started by ``scripts/vm-e2e scenario`` on Debian's stock kernel, as root, in a throw-away VM. It
 builds the product's node layout — active-backup bonds over veth "cables", a Soft-RoCE device per
@@ -36,15 +36,15 @@ import sys
 import time
 import traceback
 
-from crash import crash_section
-from dualstack import dualstack_section
-from exclusive import exclusive_section
-from kernel import kernel_section
-from node import build_node
-from plugin import plugin_section
-from reboot import reboot_section
-from report import STATE, R
-from shared import shared_section
+from .crash import crash_section
+from .dualstack import dualstack_section
+from .exclusive import exclusive_section
+from .kernel import kernel_section
+from .node import build_node
+from .plugin import plugin_section
+from .reboot import reboot_section
+from .report import STATE, R
+from .shared import shared_section
 
 
 def main() -> int:

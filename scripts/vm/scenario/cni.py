@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from host import run
-from report import OUT, STATE, SYS, R
+from .host import run
+from .report import OUT, STATE, SYS, R
 
 
 def cni(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cni import cni, plugin_available, plugin_rdma_missing
-from host import addresses, host_snapshot, ip, pod_links, v2_index
-from report import BONDS, R
+from .cni import cni, plugin_available, plugin_rdma_missing
+from .host import addresses, host_snapshot, ip, pod_links, v2_index
+from .report import BONDS, R
 
 
 def crash_section() -> None:

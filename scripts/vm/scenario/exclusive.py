@@ -3,9 +3,9 @@ nothing."""
 
 from __future__ import annotations
 
-from cni import cni, plugin_available, plugin_rdma_missing, status
-from host import host_snapshot, ip, netns_mode, pod_links, retry, run
-from report import R
+from .cni import cni, plugin_available, plugin_rdma_missing, status
+from .host import host_snapshot, ip, netns_mode, pod_links, retry, run
+from .report import R
 
 
 def set_netns_mode(mode: str) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from report import BONDS, GID_SLOTS, SYS, ZERO_GID, CommandFailed
+from .report import BONDS, GID_SLOTS, SYS, ZERO_GID, CommandFailed
 
 
 def run(

@@ -7,8 +7,8 @@ import tempfile
 import traceback
 from typing import Any
 
-from host import addresses, gid_table, ip, v2_entry, v2_index, wait_for
-from report import BONDS, SYS, R
+from .host import addresses, gid_table, ip, v2_entry, v2_index, wait_for
+from .report import BONDS, SYS, R
 
 
 class ModelWatch:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from host import gid_table, ip, netns_mode, read, run, tables, v2_index, wait_for
-from report import BONDS, GID_SLOTS, SYS, R
+from .host import gid_table, ip, netns_mode, read, run, tables, v2_index, wait_for
+from .report import BONDS, GID_SLOTS, SYS, R
 
 
 def build_node() -> None:

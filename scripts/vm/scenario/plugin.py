@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cni import (
+from .cni import (
     cni,
     gid_records,
     plugin_available,
@@ -17,9 +17,9 @@ from cni import (
     result_ips,
     status,
 )
-from host import addresses, host_snapshot, ip, pod_links, run, tables, v2_entry, v2_index
-from rdma_traffic import pingpong_host, pingpong_pods
-from report import BONDS, OUT, STATE, R
+from .host import addresses, host_snapshot, ip, pod_links, run, tables, v2_entry, v2_index
+from .rdma_traffic import pingpong_host, pingpong_pods
+from .report import BONDS, OUT, STATE, R
 
 
 def plugin_section() -> None:

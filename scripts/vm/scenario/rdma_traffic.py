@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from host import read, run, v2_index, wait_for
-from report import PINGPONG_PORT, ROCE_PORT, SYS, R
+from .host import read, run, v2_index, wait_for
+from .report import PINGPONG_PORT, ROCE_PORT, SYS, R
 
 
 def counters(dev: str) -> dict[str, int]:

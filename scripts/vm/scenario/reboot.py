@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from cni import cni, gid_records, plugin_available, plugin_rdma_missing, result_ips
-from host import addresses, addresses6, gid_table, ip, v2_index, v2_index6, wait_for
-from report import BONDS, STATE, R
+from .cni import cni, gid_records, plugin_available, plugin_rdma_missing, result_ips
+from .host import addresses, addresses6, gid_table, ip, v2_index, v2_index6, wait_for
+from .report import BONDS, STATE, R
 
 
 def reboot_section() -> None:

@@ -10,9 +10,9 @@ import sys
 import time
 from typing import Any
 
-from cni import pod_gid_rows
-from host import host_snapshot, ip, pod_links, run, tables, v2_index, wait_for
-from report import BONDS, OUT, STATE, SYS, R
+from .cni import pod_gid_rows
+from .host import host_snapshot, ip, pod_links, run, tables, v2_index, wait_for
+from .report import BONDS, OUT, STATE, SYS, R
 
 SHARED_RANGES = {"bond0": "198.51.100.100-198.51.100.109", "bond1": "198.51.100.110-198.51.100.119"}
 SHARED_PING = """
