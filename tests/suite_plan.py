@@ -48,9 +48,14 @@ GROUPS: Mapping[str, str] = {
     "test_ship_demo.py": "demo",
     "test_install.py::test_demo_runs_on_the_installed_bundle": "demo",
     "test_ship_demo_shared.py": "demo",
+    # one real cluster per machine (fixed namespace names, mount points, cgroups): its tests share a
+    # worker and one module-scoped cluster; the images' registry test rides along
+    "test_cluster_e2e.py": "cluster",
+    "test_cluster_images.py": "cluster",
 }
 
 FIRST: tuple[str, ...] = (
+    "test_cluster_e2e.py",
     "test_macvlan_concurrency.py::test_200_concurrent_add_del_cycles_leave_nothing_behind",
     "test_vm_e2e.py",
     "test_ship_demo.py",

@@ -6,6 +6,7 @@ next ``up``) removes exactly that: processes by pid, mounts, namespaces, cgroups
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,31 @@ def capacity(bins: Binaries, node: str, resource: str, field: str = "capacity") 
     if out.returncode != 0:
         return -1
     return int(json.loads(out.stdout)["status"].get(field, {}).get(resource, "0"))
+
+
+LOCK = Path("/run/lock/rdma-cni-cluster.lock")
+
+
+@contextlib.contextmanager
+def exclusive(timeout: float = 3600) -> Iterator[None]:
+    """One cluster per machine: its namespaces, mount points and cgroups have fixed names. A second
+    test run (another checkout's suite, a worker) waits here for the first to finish, instead of
+    sweeping the cluster the first one is using."""
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "w") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another test cluster held {LOCK} for {timeout:.0f} s") from None
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def prepare() -> tuple[Binaries, list[Image], RegistryBins]:

@@ -17,6 +17,7 @@ from cluster import topology as topo
 from cluster.build import Binaries
 from cluster.cluster import RDMA, kubectl
 from cluster.node import Node
+from rdma_cni.kube import podresources
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "conf" / "k8s" / "rdma-cni.yaml"
@@ -173,3 +174,21 @@ def shared_deployment(replicas: int = 4) -> str:
         },
     }
     return yaml.safe_dump(doc)
+
+
+def kubelet_allocatable(node: Node, resource: str = RDMA) -> int:
+    """How many devices of ``resource`` the node's kubelet can hand out now (PodResources
+    GetAllocatableResources): kubelet's own view, before its next node status reaches the API."""
+    sock = node.dir("/var/lib/kubelet") / "pod-resources" / "kubelet.sock"
+    try:
+        return sum(1 for a in podresources.allocatable(str(sock), timeout=2) if a.resource == resource)
+    except Exception:  # noqa: BLE001 (a kubelet that is restarting answers nothing)
+        return -1
+
+
+def capacity_back_after(node: Node, since: float, timeout: float = 30) -> float:
+    """Seconds from ``since`` (monotonic) until the node's kubelet offers 8 bonds again."""
+    wait(
+        f"{node.name}'s kubelet offers 8 {RDMA} again", lambda: kubelet_allocatable(node) == 8, timeout, 0.05
+    )
+    return time.monotonic() - since
