@@ -101,11 +101,28 @@ def ensure_debian_tools() -> None:
         )
 
 
+GO_MIN = (1, 26)
+
+
+def use_go() -> str:
+    """The machine's Go 1.26+ first on PATH for every build here (images and the registry too):
+    Debian's golang-go (1.19, which scripts/setup installs for cnitool) may come first on a root
+    shell's PATH, and Kubernetes 1.37 needs Go 1.26."""
+    for cand in (os.environ.get("GO", ""), "/usr/local/go/bin/go", shutil.which("go") or ""):
+        if not cand or not os.access(cand, os.X_OK):
+            continue
+        out = subprocess.run([cand, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout
+        parts = out.strip().removeprefix("go").split(".")
+        if len(parts) >= 2 and (int(parts[0]), int(parts[1].split("rc")[0])) >= GO_MIN:
+            os.environ["PATH"] = f"{os.path.dirname(cand)}:{os.environ['PATH']}"
+            return cand
+    raise BuildError("no Go 1.26 or newer (the cluster's Kubernetes 1.37 needs it): install it or set GO=")
+
+
 def build_all() -> Binaries:
     """Everything ``up`` runs; cached builds cost nothing."""
     ensure_debian_tools()
-    if shutil.which("go") is None:
-        raise BuildError("go: not installed (Go 1.26 is needed to build the cluster)")
+    use_go()
     dirs = tuple(go_build(b) for b in BUILDS)
     return Binaries(dirs)
 
