@@ -1,0 +1,121 @@
+"""``scripts/bench-cluster``: the seed pod on the real test cluster, timed, against a reference pod.
+
+Creation to Running, measured from the client as a user sees it (``kubectl create`` returns -> the
+pod's phase is Running with its container started, polled every 50 ms), for:
+
+- the seed pod: seed 000's container with ``nvidia.com/gpu: 4`` and ``tke-shared-rdma: 4`` and the
+  annotation ``tke-route-eni,tke-rdma-macvlan`` (4 bonds moved in through rdma-multus);
+- the reference: the same pod with neither the RDMA resources nor the annotation (only the
+  cluster network, ptp), on the same cluster, interleaved with the seed pods.
+
+"first" is the first seed pod after the DaemonSet came up; then ``--runs`` warm ones. Each pod is
+deleted and its bonds are back on the node before the next starts. Also: how long after a kubelet
+restart (SIGTERM) its device plugin offers 8 bonds again (kubelet's PodResources view).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import yaml
+
+from cluster import cluster
+from cluster import workloads as w
+from cluster.build import Binaries
+from cluster.cluster import kubectl
+from cluster.node import Node
+
+
+def pod_doc(name: str, rdma: bool) -> str:
+    sts = yaml.safe_load(w.seed_statefulset())
+    spec = sts["spec"]["template"]["spec"]
+    meta: dict[str, object] = {"name": name, "labels": {"bench": "1"}}
+    if rdma:
+        meta["annotations"] = sts["spec"]["template"]["metadata"]["annotations"]
+    else:
+        spec["containers"][0]["resources"] = {}
+    spec["terminationGracePeriodSeconds"] = 1
+    spec["nodeName"] = "rdma-node-1"  # one node: the scheduler's pick is not what is measured
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+
+
+def running(bins: Binaries, name: str) -> bool:
+    out = kubectl(bins, "get", "pod", name, "-o", "json", check=False)
+    if out.returncode != 0:
+        return False
+    st = json.loads(out.stdout).get("status", {})
+    return st.get("phase") == "Running" and all(
+        "running" in c.get("state", {}) for c in st.get("containerStatuses", [{}])
+    )
+
+
+def one(bins: Binaries, name: str, rdma: bool) -> float:
+    doc = pod_doc(name, rdma)
+    t0 = time.monotonic()
+    kubectl(bins, "create", "-f", "-", stdin=doc)
+    w.wait(f"{name} Running", lambda: running(bins, name), 180, 0.05)
+    took = time.monotonic() - t0
+    kubectl(bins, "delete", "pod", name, "--wait=true", timeout=180)
+    return took
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="bench: %(message)s", stream=sys.stderr)
+    p = argparse.ArgumentParser(prog="scripts/bench-cluster")
+    p.add_argument("--runs", type=int, default=5)
+    a = p.parse_args(argv)
+    with cluster.exclusive():
+        try:
+            t0 = time.monotonic()
+            cluster.up(1)
+            up_s = time.monotonic() - t0
+            bins = cluster.build.binaries()
+            w.label_nodes(bins, 1)
+            w.apply(bins, w.product_manifest())
+            w.wait_ready(bins, "k8s-app=rdma-cni", 1, "kube-system", timeout=300)
+            nd = Node(1)
+            w.wait("capacity", lambda: w.kubelet_allocatable(nd) == 8, 120)
+            clean = w.node_network(nd)
+            first = one(bins, "seed-first", True)
+            w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
+            seed, ref = [], []
+            for i in range(a.runs):
+                ref.append(one(bins, f"ref-{i}", False))
+                seed.append(one(bins, f"seed-{i}", True))
+                w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
+            sock = nd.dir("/var/lib/kubelet") / "device-plugins" / "kubelet.sock"
+            old = (sock.stat().st_ino, sock.stat().st_ctime_ns)
+            cluster.restart(f"{nd.name}/kubelet", signal.SIGTERM)
+            w.wait(
+                "new kubelet.sock",
+                lambda: sock.exists() and (sock.stat().st_ino, sock.stat().st_ctime_ns) != old,
+                60,
+                0.02,
+            )
+            back = w.capacity_back_after(nd, time.monotonic())
+        finally:
+            cluster.down()
+    p50s, p50r = statistics.median(seed), statistics.median(ref)
+    print(f"cluster up (1 node, cached binaries and images): {up_s:.1f} s")
+    print(f"seed pod creation->Running, first after the DaemonSet: {first:.2f} s")
+    print(
+        f"seed pod creation->Running, warm p50 of {a.runs}: {p50s:.2f} s "
+        f"(min {min(seed):.2f}, max {max(seed):.2f})"
+    )
+    print(f"reference pod (no RDMA, no GPU) p50 of {a.runs}: {p50r:.2f} s")
+    print(f"ratio seed / reference: {p50s / p50r:.2f}")
+    print(
+        f"kubelet restarted (SIGTERM): device plugin's 8 bonds offered again {back:.2f} s after kubelet.sock"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
