@@ -1,0 +1,15 @@
+"""The DRA kubelet plugin for driver ``rdma.tke.cloud.tencent.com``: the second front end on the device
+model (:mod:`rdma_cni.devices`), beside the device plugin, as dranet's ``pkg/driver`` sits on its
+``pkg/inventory``.
+
+- :mod:`.names`: every name the API sees (driver, attributes, taint, limits), once;
+- :mod:`.slices`: the ResourceSlice specs of one scan (pure);
+- :mod:`.claims`: which devices of a ResourceClaim are ours (pure);
+- :mod:`.prepared`: the durable record of each prepared claim (write-ahead, rename);
+- :mod:`.driver`: NodePrepareResources / NodeUnprepareResources on the model, CDI specs out;
+- :mod:`.service`: kubelet's gRPC services (DRA v1 and v1beta1, plugin registration);
+- :mod:`.kubeapi`, :mod:`.publish`: ResourceClaims in, ResourceSlices out, through the API server;
+- :mod:`.daemon`: the process (scan, serve, register, publish on every change).
+
+The network stays the CNI's: prepare only hands the container its device nodes and env (CDI).
+"""
