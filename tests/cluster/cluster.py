@@ -106,7 +106,15 @@ def capacity(bins: Binaries, node: str, resource: str, field: str = "capacity") 
     out = kubectl(bins, "get", "node", node, "-o", "json", check=False)
     if out.returncode != 0:
         return -1
-    return int(json.loads(out.stdout)["status"].get(field, {}).get(resource, "0"))
+    return quantity(json.loads(out.stdout)["status"].get(field, {}).get(resource, "0"))
+
+
+def quantity(text: str) -> int:
+    """A count as the API server writes it: 8, or 1k for 1000 (a resource.Quantity in canonical form)."""
+    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9}
+    if text[-1:] in suffixes:
+        return int(text[:-1]) * suffixes[text[-1]]
+    return int(text)
 
 
 LOCK = Path("/run/lock/rdma-cni-cluster.lock")

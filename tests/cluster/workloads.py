@@ -15,7 +15,7 @@ import yaml
 
 from cluster import topology as topo
 from cluster.build import Binaries
-from cluster.cluster import RDMA, kubectl
+from cluster.cluster import RDMA, kubectl, quantity
 from cluster.node import Node
 from rdma_cni.kube import podresources
 
@@ -93,7 +93,7 @@ def seed_statefulset(image: str = TEST_IMAGE, replicas: int | None = None) -> st
 
 def node_capacity(bins: Binaries, node: str) -> tuple[int, int]:
     out = json.loads(kubectl(bins, "get", "node", node, "-o", "json").stdout)["status"]
-    return int(out["capacity"].get(RDMA, "0")), int(out["allocatable"].get(RDMA, "0"))
+    return quantity(out["capacity"].get(RDMA, "0")), quantity(out["allocatable"].get(RDMA, "0"))
 
 
 def pod_exec(bins: Binaries, pod: str, *cmd: str, namespace: str = "default") -> str:
