@@ -3,7 +3,7 @@
 ``scripts/build`` freezes this module once (onedir: nothing to unpack per run, unlike onefile) and
 links ``rdma-macvlan``, ``rdma-ipvlan``, ``rdma-multus`` and ``cni-tool`` to it. The runtime execs a
 plugin by the name it looked up, so the basename of ``argv[0]`` says which command to run. Each
-command is imported only when chosen (the six function-local imports below): VERSION of one plugin
+command is imported only when chosen (the seven function-local imports below): VERSION of one plugin
 never pays for another's imports, ~50-140 ms each (``python -X importtime``: a plugin's entry point
 ~50 ms, cni-tool ~73 ms, rdma-agent ~85 ms, rdma-device-plugin ~140 ms).
 
@@ -55,6 +55,12 @@ def _device_plugin() -> None:
     main()
 
 
+def _dra_driver() -> None:
+    from rdma_cni.cli.dra_driver import main
+
+    main()
+
+
 COMMANDS: dict[str, Callable[[], None]] = {
     "rdma-macvlan": _macvlan,
     "rdma-ipvlan": _ipvlan,
@@ -62,6 +68,7 @@ COMMANDS: dict[str, Callable[[], None]] = {
     "cni-tool": _tool,
     "rdma-agent": _agent,
     "rdma-device-plugin": _device_plugin,
+    "rdma-dra-driver": _dra_driver,
 }
 
 

@@ -1,0 +1,157 @@
+"""The DRA driver process: one scan, the DRA and registration sockets, the health watch, and the
+ResourceSlices kept current.
+
+Threads: the caller's thread watches the registration socket (re-served when something removed it:
+kubelet's plugin watcher only sees sockets that exist), the device plugin's
+:class:`~rdma_cni.deviceplugin.watch.HealthWatch` re-scans on every link/address event and on the
+rescan timer and wakes the publisher thread on a change, which writes the slices (and retries every
+``RETRY_S`` while the API server refuses or is away); gRPC has its own pools. Like the device
+plugin, the process never forks (gRPC's threads).
+
+The watch runs over the bonds of ``masters`` whatever the configured mode: the DRA devices are the
+bonds in both modes (shared mode makes them multi-allocatable instead of counting virtual devices).
+Pools with selectors and Mellanox's ``config.json`` are not served by this driver yet: their HCAs
+without a bond have no DRA device (it publishes the bonds and says so in the log).
+
+    run(cfg, DriverPaths.under(cfg.kubelet_root_dir), "node-a", api, stop)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+from rdma_cni.cni.errors import CniError
+from rdma_cni.deviceplugin.registration import socket_inode
+from rdma_cni.deviceplugin.server import Board
+from rdma_cni.deviceplugin.watch import HealthWatch
+from rdma_cni.devices import cdi, inventory
+from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.facts import read_facts
+from rdma_cni.devices.model import Snapshot
+from rdma_cni.devices.pools import EXCLUSIVE, SHARED, PoolSnapshot
+from rdma_cni.dra import names
+from rdma_cni.dra.driver import Driver
+from rdma_cni.dra.kubeapi import ResourceClient
+from rdma_cni.dra.publish import SlicePublisher
+from rdma_cni.dra.service import Registration, serve_dra, serve_registration
+from rdma_cni.dra.slices import slice_specs
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 2.0  # a refused or failed publish is tried again this soon
+REFRESH_S = 30.0  # and the slices are compared anyway this often (a GID index or subnet may move)
+SOCKET_CHECK_S = 0.5
+
+
+@dataclass(frozen=True)
+class DriverPaths:
+    registration: str  # <kubelet root>/plugins_registry/<driver>-reg.sock
+    dra: str  # <kubelet root>/plugins/<driver>/dra.sock
+    state: str  # <kubelet root>/plugins/<driver>/claims: the prepared-claim records
+    cdi_dir: str = cdi.SPEC_DIR
+
+    @classmethod
+    def under(cls, kubelet_root: str, cdi_dir: str = cdi.SPEC_DIR) -> DriverPaths:
+        plugin = os.path.join(kubelet_root, "plugins", names.DRIVER)
+        return cls(os.path.join(kubelet_root, "plugins_registry", f"{names.DRIVER}-reg.sock"),
+                   os.path.join(plugin, "dra.sock"), os.path.join(plugin, "claims"), cdi_dir)
+
+
+def bond_config(cfg: PluginConfig) -> PluginConfig:
+    """``cfg`` as one exclusive pool over the bonds of masters: what the watch scans for DRA."""
+    return dataclasses.replace(cfg, mode=EXCLUSIVE, pools=())
+
+
+class Publisher:
+    """Publishes the board's snapshot whenever :meth:`changed` is called, on its own thread."""
+
+    def __init__(self, cfg: PluginConfig, board: Board, slices: SlicePublisher) -> None:
+        self._cfg = cfg
+        self._board = board
+        self._slices = slices
+        self._wake = threading.Event()
+        self.published = threading.Event()  # set after the first successful publish
+        self.failures = 0
+
+    def changed(self, _name: str = "", _snap: PoolSnapshot | None = None) -> None:
+        self._wake.set()
+
+    def once(self) -> bool:
+        """One publish of the current snapshot; False (logged) when the API server failed it."""
+        _, snap = self._board.current()
+        assert isinstance(snap, Snapshot)
+        shares = self._cfg.shared_count if self._cfg.mode == SHARED else None
+        try:
+            specs = slice_specs(self._slices.node, snap, read_facts(self._cfg, snap.bonds), shares)
+            self._slices.publish(specs)
+        except CniError as e:
+            self.failures += 1
+            log.warning("publishing ResourceSlices failed (%s); retrying in %gs", e.msg, RETRY_S)
+            return False
+        self.published.set()
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        ok = False
+        while not stop.is_set():
+            self._wake.clear()
+            ok = self.once()
+            self._wake.wait(REFRESH_S if ok else RETRY_S)
+
+
+def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, stop: threading.Event) -> None:
+    if cfg.pools:
+        log.warning("the config lists pools: the DRA driver publishes the RDMA bonds of masters only")
+    watch_cfg = bond_config(cfg)
+    first = inventory.scan_pools(watch_cfg, watch_cfg.pool_specs())
+    board = Board(first.bonds)
+    log.info("%d RDMA bonds (%d healthy), %s mode: %s", len(first.bonds.bonds),
+             sum(h.healthy for h in first.bonds.health), cfg.mode,
+             ", ".join(f"{b.id}={b.netdev}/numa{b.numa}/{b.pcie_root}" for b in first.bonds.bonds) or "none")
+    driver = Driver(cfg, node, board, api, paths.state, paths.cdi_dir)
+    for path in driver.sweep_orphans():
+        log.info("removed %s: a CDI spec of ours that no prepared claim names", path)
+    publisher = Publisher(cfg, board, SlicePublisher(api, node))
+    watch = HealthWatch(watch_cfg, {watch_cfg.resource_name: board}, first, on_change=publisher.changed)
+    threads = [threading.Thread(target=watch.run, args=(stop,), name="dra-health", daemon=True),
+               threading.Thread(target=publisher.run, args=(stop,), name="dra-publish", daemon=True)]
+    for t in threads:
+        t.start()
+    for d in (os.path.dirname(paths.dra), os.path.dirname(paths.registration)):
+        os.makedirs(d, mode=0o750, exist_ok=True)
+    _unlink(paths.dra)
+    dra = serve_dra(driver, paths.dra)
+    registration = Registration(paths.dra)
+    reg = None
+    try:
+        while not stop.is_set():
+            if reg is None or socket_inode(paths.registration) != reg[1]:
+                if reg is not None:
+                    log.warning("%s was removed: serving it again for kubelet's plugin watcher",
+                                paths.registration)
+                    reg[0].stop(grace=0).wait(2.0)
+                _unlink(paths.registration)
+                server = serve_registration(registration, paths.registration)
+                reg = (server, socket_inode(paths.registration))
+                log.info("serving %s (DRA %s)", paths.registration, paths.dra)
+            stop.wait(SOCKET_CHECK_S)
+    finally:
+        stop.set()
+        if reg is not None:
+            reg[0].stop(grace=0).wait(2.0)
+            if socket_inode(paths.registration) == reg[1]:
+                _unlink(paths.registration)
+        dra.stop(grace=1.0).wait(3.0)
+        _unlink(paths.dra)
+        for t in threads:
+            t.join(cfg.rescan_interval_s + 2.0)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,99 @@
+"""Keep the node's ResourceSlices equal to what the device model says, through the API server.
+
+Called on start and after every rescan that changed the node (:mod:`.daemon`). It lists this
+driver's slices of the node, and when their content differs from the wanted specs
+(:func:`~rdma_cni.dra.slices.slice_specs`) it writes all of them with the pool's generation raised by
+one (the scheduler only trusts the slices of a pool's highest generation, so a half-written update
+is never mixed with the old one) and deletes those no longer needed. Slice names are fixed
+(``<node>-rdma.tke.cloud.tencent.com-<i>``), so a driver killed mid-publish and started again
+updates the same objects instead of adding more. Each slice is owned by the Node: deleting the node
+deletes them.
+
+    pub = SlicePublisher(api, "node-a")
+    pub.publish(slice_specs("node-a", snap, facts, None))    # True when anything was written
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from rdma_cni.dra import names
+
+log = logging.getLogger(__name__)
+
+Doc = dict[str, Any]
+
+
+class SliceApi(Protocol):
+    def get_node(self, name: str) -> Doc | None: ...
+    def list_slices(self, node: str) -> list[Doc]: ...
+    def create_slice(self, obj: Doc) -> Doc: ...
+    def update_slice(self, obj: Doc) -> Doc: ...
+    def delete_slice(self, name: str) -> None: ...
+
+
+def slice_name(node: str, index: int) -> str:
+    suffix = f"-{names.DRIVER}-{index}"
+    return node[: 253 - len(suffix)] + suffix
+
+
+def _without_generation(spec: Doc) -> Doc:
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    return {**spec, "pool": pool}
+
+
+class SlicePublisher:
+    def __init__(self, api: SliceApi, node: str) -> None:
+        self._api = api
+        self.node = node
+        self._owner: list[Doc] | None = None
+        self.writes = 0  # objects created, updated or deleted, for the logs and the tests
+
+    def _owner_refs(self) -> list[Doc]:
+        """The Node as owner, looked up once (a node is not re-created under a running driver)."""
+        if self._owner is None:
+            node = self._api.get_node(self.node)
+            uid = (node or {}).get("metadata", {}).get("uid")
+            if not uid:
+                log.warning("node %s not found: its ResourceSlices get no owner", self.node)
+                return []
+            self._owner = [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,
+                            "controller": True}]
+        return self._owner
+
+    def publish(self, specs: Sequence[Doc]) -> bool:
+        """Make the node's slices hold ``specs``; True when anything was written. Raises the API's
+        :class:`~rdma_cni.cni.errors.CniError` (the caller retries on its next change or timer)."""
+        existing = {s.get("metadata", {}).get("name", ""): s for s in self._api.list_slices(self.node)}
+        wanted = {slice_name(self.node, i): spec for i, spec in enumerate(specs)}
+        same = set(existing) == set(wanted) and all(
+            _without_generation(existing[n].get("spec") or {}) == _without_generation(wanted[n])
+            for n in wanted)
+        if same:
+            return False
+        generation = 1 + max((int((s.get("spec") or {}).get("pool", {}).get("generation", 0) or 0)
+                              for s in existing.values()), default=0)
+        owner = self._owner_refs()
+        for name, spec in wanted.items():
+            spec = {**spec, "pool": {**spec["pool"], "generation": generation}}
+            meta: Doc = {"name": name}
+            if owner:
+                meta["ownerReferences"] = owner
+            obj: Doc = {"apiVersion": names.API_VERSION, "kind": "ResourceSlice", "metadata": meta,
+                        "spec": spec}
+            old = existing.get(name)
+            if old is None:
+                self._api.create_slice(obj)
+            else:
+                meta["resourceVersion"] = old.get("metadata", {}).get("resourceVersion", "")
+                self._api.update_slice(obj)
+            self.writes += 1
+        for name in sorted(set(existing) - set(wanted)):
+            self._api.delete_slice(name)
+            self.writes += 1
+        log.info("published %d ResourceSlice(s) of node %s, generation %d: %d devices", len(wanted),
+                 self.node, generation, sum(len(s.get("devices", [])) for s in specs))
+        return True
