@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.cni.errors import RDMA_MODE_MISMATCH, CniError
-from rdma_cni.rdma import mode, nldev
-from rdma_cni.sim.tree import set_netns_mode
+from rdma_cni.cni.errors import NO_RDMA_DEVICE, RDMA_MODE_MISMATCH, CniError
+from rdma_cni.rdma import mode, nldev, sysfs
+from rdma_cni.sim.tree import SimBond, build_tree, set_netns_mode
 
 FIXTURES = Path("/work/shared/fixtures/sysfs-rxe-6.1")
 if not FIXTURES.is_dir():
@@ -90,3 +90,26 @@ def test_param_values() -> None:
         "exclusive",
         None,
     ]
+
+
+def _one_bond_node(root: Path, netns_mode: str) -> str:
+    return build_tree(str(root), [SimBond("bond0", "mlx5_bond_0")], gid_slots=2, netns_mode=netns_mode)
+
+
+def test_bond_ports_finds_each_bonds_port_and_leaves_out_a_bond_without_one(tmp_path: Path) -> None:
+    root = _one_bond_node(tmp_path, "shared")
+    ports = sysfs.list_ports(root)
+    found = mode.bond_ports(root, ["bond0", "eth9"], ports, required=False, netns_mode="shared")
+    assert [(bond, p.device, p.port) for bond, p in found.items()] == [("bond0", "mlx5_bond_0", 1)]
+
+
+def test_bond_ports_refuses_a_required_bond_without_rdma_naming_it_then_checks_the_mode(
+    tmp_path: Path,
+) -> None:
+    root = _one_bond_node(tmp_path, "exclusive")
+    with pytest.raises(CniError) as missing:
+        mode.bond_ports(root, ["eth9"], sysfs.list_ports(root), required=True, netns_mode="shared")
+    assert missing.value.code == NO_RDMA_DEVICE and "eth9 has no RDMA device" in missing.value.msg
+    with pytest.raises(CniError) as wrong_mode:
+        mode.bond_ports(root, ["bond0"], sysfs.list_ports(root), required=True, netns_mode="shared")
+    assert wrong_mode.value.code == RDMA_MODE_MISMATCH

@@ -14,9 +14,10 @@ Usage::
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
-from rdma_cni.cni.errors import RDMA_MODE_MISMATCH, CniError
-from rdma_cni.rdma import nldev
+from rdma_cni.cni.errors import NO_RDMA_DEVICE, RDMA_MODE_MISMATCH, CniError
+from rdma_cni.rdma import nldev, sysfs
 
 SHARED = nldev.SHARED
 EXCLUSIVE = nldev.EXCLUSIVE
@@ -93,3 +94,28 @@ def require_mode(sysfs_root: str, wanted: str, ask_kernel: bool | None = None) -
             f"or set rdma.netnsMode to {mode} in the network config",
         )
     return mode
+
+
+def bond_ports(
+    sysfs_root: str, bonds: Iterable[str], ports: list[sysfs.RdmaPort], required: bool, netns_mode: str
+) -> dict[str, sysfs.RdmaPort]:
+    """The RDMA port behind each bond that has one (``ports``: :func:`sysfs.list_ports` as the
+    caller just read it), the kernel's RDMA netns mode required once a bond has one. A bond without
+    an RDMA device is CNI error NO_RDMA_DEVICE naming it when ``required``, else left out: both
+    plugins then move it without RDMA (a TCP-only network)."""
+    found: dict[str, sysfs.RdmaPort] = {}
+    for bond in bonds:
+        port = sysfs.port_for_netdev(sysfs_root, bond, ports)
+        if port is None:
+            if required:
+                raise CniError(
+                    NO_RDMA_DEVICE,
+                    f"{bond} has no RDMA device under {sysfs_root}/class/infiniband",
+                    "attach one (e.g. `rdma link add` for Soft-RoCE), remove the bond from 'masters', "
+                    "or set rdma.required to false for a TCP-only network",
+                )
+            continue
+        if not found:
+            require_mode(sysfs_root, netns_mode)
+        found[bond] = port
+    return found

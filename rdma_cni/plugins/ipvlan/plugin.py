@@ -27,7 +27,6 @@ from rdma_cni.cni.errors import (
     INVALID_CONFIG,
     INVALID_ENV,
     NETLINK_FAILURE,
-    NO_RDMA_DEVICE,
     STATUS_UNAVAILABLE,
     TRY_AGAIN_LATER,
     CniError,
@@ -424,21 +423,13 @@ def _masters(cfg: IpvlanConfig, ports: list[sysfs.RdmaPort]) -> list[str]:
 def _plan_rdma(cfg: IpvlanConfig, rec: AttachmentRecord, ports: list[sysfs.RdmaPort]) -> None:
     """Which RDMA port serves each bond (recorded write-ahead, so DEL knows which records to drop);
     a bond without one is an error only with ``rdma.required``."""
-    checked = False
+    # every pod sees every device: the kernel's RDMA netns mode must be shared
+    names = [b.bond for b in rec.bonds]
+    found = mode.bond_ports(cfg.sysfs_root, names, ports, cfg.rdma.required, mode.SHARED)
     for b in rec.bonds:
-        port = sysfs.port_for_netdev(cfg.sysfs_root, b.bond, ports)
+        port = found.get(b.bond)
         if port is None:
-            if cfg.rdma.required:
-                raise CniError(
-                    NO_RDMA_DEVICE,
-                    f"{b.bond} has no RDMA device under {cfg.sysfs_root}/class/infiniband",
-                    "attach one (e.g. `rdma link add` for Soft-RoCE), remove the bond from 'masters', "
-                    "or set rdma.required to false for a TCP-only network",
-                )
             continue
-        if not checked:  # every pod sees every device: the kernel's RDMA netns mode must be shared
-            mode.require_mode(cfg.sysfs_root, mode.SHARED)
-            checked = True
         b.rdma = {"device": port.device, "port": port.port, "uverbs": port.uverbs, "mode": RECORD_MODE}
 
 

@@ -17,7 +17,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from rdma_cni.cni.errors import NO_RDMA_DEVICE, RDMA_MODE_MISMATCH, CniError
+from rdma_cni.cni.errors import RDMA_MODE_MISMATCH, CniError
 from rdma_cni.net import addresses, links
 from rdma_cni.net.netns import Netns, open_netns
 from rdma_cni.rdma import gid, mode, nldev, records, sysfs
@@ -66,22 +66,13 @@ def _in_host_gid_order(sysfs_root: str, port: sysfs.RdmaPort, b: BondRecord) -> 
 def plan(cfg: MacvlanConfig, bonds: list[BondRecord], ports: list[sysfs.RdmaPort]) -> None:
     """Fill ``b.rdma`` for every bond that has an RDMA device (or fail when one is required).
     ``ports``: :func:`sysfs.list_ports` as the caller just read it (once per ADD)."""
-    checked = False
+    found = mode.bond_ports(cfg.sysfs_root, [b.bond for b in bonds], ports, cfg.rdma.required,
+                            cfg.rdma.netns_mode)
     for b in bonds:
-        port = sysfs.port_for_netdev(cfg.sysfs_root, b.bond, ports)
+        port = found.get(b.bond)
         if port is None:
-            if cfg.rdma.required:
-                raise CniError(
-                    NO_RDMA_DEVICE,
-                    f"{b.bond} has no RDMA device under {cfg.sysfs_root}/class/infiniband",
-                    "attach one (e.g. `rdma link add` for Soft-RoCE), remove the bond from 'masters', "
-                    "or set rdma.required to false for a TCP-only network",
-                )
             b.rdma = None
             continue
-        if not checked:
-            mode.require_mode(cfg.sysfs_root, cfg.rdma.netns_mode)
-            checked = True
         _in_host_gid_order(cfg.sysfs_root, port, b)
         ip, ip6 = _first_ipv4(b), _first_ipv6(b)
         host_index = sysfs.roce_v2_index(cfg.sysfs_root, port.device, port.port, ip, b.bond) if ip else None
