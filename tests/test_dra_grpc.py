@@ -29,7 +29,16 @@ from rdma_cni.dra.publish import SlicePublisher
 from rdma_cni.dra.service import Registration, serve_dra, serve_registration
 from rdma_cni.dra.slices import slice_specs
 from rdma_cni.kube import kubeconfig
-from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from rdma_cni.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    drahealth_v1_pb2,
+    drahealth_v1_pb2_grpc,
+    drahealth_v1alpha1_pb2,
+    drahealth_v1alpha1_pb2_grpc,
+)
 from rdma_cni.proto import pluginregistration_v1_pb2 as reg_pb
 from rdma_cni.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 
@@ -99,7 +108,7 @@ def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
         driver = Driver(config(tmp_path, mode), NODE, board, client, str(tmp_path / "claims"),
                         str(tmp_path / "cdi"))
         sock = str(tmp_path / "dra.sock")
-        server = serve_dra(driver, sock)
+        server = serve_dra(driver, sock, board)
         with grpc.insecure_channel(f"unix:{sock}") as ch:
             yield Rig(tmp_path, api, driver, board, tmp_path / "cdi", ch)
         server.stop(grace=0).wait(2)
@@ -107,7 +116,8 @@ def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
 
 def test_registration_answers_the_plugin_watcher_with_both_dra_services(tmp_path: Path) -> None:
     reg_sock = str(tmp_path / f"{DRIVER}-reg.sock")
-    registration = Registration("/var/lib/kubelet/plugins/rdma.tke.cloud.tencent.com/dra.sock")
+    registration = Registration("/var/lib/kubelet/plugins/rdma.tke.cloud.tencent.com/dra.sock",
+                                with_health=True)
     server = serve_registration(registration, reg_sock)
     try:
         with grpc.insecure_channel(f"unix:{reg_sock}") as ch:
@@ -115,7 +125,8 @@ def test_registration_answers_the_plugin_watcher_with_both_dra_services(tmp_path
             info = stub.GetInfo(reg_pb.InfoRequest(), timeout=5)
             assert (info.type, info.name) == ("DRAPlugin", DRIVER)
             assert info.endpoint == "/var/lib/kubelet/plugins/rdma.tke.cloud.tencent.com/dra.sock"
-            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin",
+                                                     "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
             stub.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=True), timeout=5)
             assert registration.registered.is_set()
             stub.NotifyRegistrationStatus(
@@ -242,3 +253,22 @@ def test_publisher_creates_updates_only_on_change_and_deletes_extra_slices(tmp_p
         assert list(api.slices) == [f"{NODE}-{DRIVER}-0"]
         assert api.slices[f"{NODE}-{DRIVER}-0"]["spec"]["pool"]["generation"] == 3
         assert [m for m, _ in api.slice_writes] == ["POST", "PUT", "PUT", "DELETE"]
+
+
+def test_health_stream_sends_every_device_then_each_change_in_v1_and_v1alpha1(rig: Rig) -> None:
+    v1 = drahealth_v1_pb2_grpc.DRAResourceHealthStub(rig.channel).NodeWatchResources(
+        drahealth_v1_pb2.NodeWatchResourcesRequest(), timeout=30)
+    alpha = drahealth_v1alpha1_pb2_grpc.DRAResourceHealthStub(rig.channel).NodeWatchResources(
+        drahealth_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=30)
+    for stream, pb in ((v1, drahealth_v1_pb2), (alpha, drahealth_v1alpha1_pb2)):
+        first = next(stream)
+        assert [(d.device.pool_name, d.device.device_name, d.health) for d in first.devices] == [
+            (NODE, f"bond{i}", pb.HEALTHY) for i in range(4)]
+        assert all(d.health_check_timeout_seconds == 30 and d.last_updated_time > 0 for d in first.devices)
+    rig.board.publish(snapshot(unhealthy="mlx5_bond_2"))
+    for stream, pb in ((v1, drahealth_v1_pb2), (alpha, drahealth_v1alpha1_pb2)):
+        changed = next(stream)
+        bad = [(d.device.device_name, d.message) for d in changed.devices if d.health == pb.UNHEALTHY]
+        assert bad == [("bond2", "bond is down")]
+    v1.cancel()
+    alpha.cancel()

@@ -125,8 +125,8 @@ def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, s
     for d in (os.path.dirname(paths.dra), os.path.dirname(paths.registration)):
         os.makedirs(d, mode=0o750, exist_ok=True)
     _unlink(paths.dra)
-    dra = serve_dra(driver, paths.dra)
-    registration = Registration(paths.dra)
+    dra = serve_dra(driver, paths.dra, board)
+    registration = Registration(paths.dra, with_health=True)
     reg = None
     try:
         while not stop.is_set():

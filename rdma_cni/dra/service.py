@@ -4,10 +4,12 @@
   older ones v1beta1; the messages are the same but v1's ``share_id``): every claim kubelet named gets
   an entry in the answer (a missing one is retried), a claim that failed carries its error text,
   ``<gRPC code>: <sentence>``, made here from the driver's :class:`~rdma_cni.dra.driver.ClaimError`;
+- ``DRAResourceHealth`` v1 and v1alpha1 on the same socket (:mod:`.health`), when given the board;
 - ``pluginregistration.Registration`` on the registration socket: ``GetInfo`` says type ``DRAPlugin``,
   the driver's name, the DRA socket's path and the services above (``v1.DRAPlugin``,
-  ``v1beta1.DRAPlugin``: kubelet picks one, as k8s.io/dynamic-resource-allocation's kubeletplugin
-  advertises them); ``NotifyRegistrationStatus`` is kubelet saying whether it took us.
+  ``v1beta1.DRAPlugin``, then ``v1.DRAResourceHealth``, ``v1alpha1.DRAResourceHealth``: kubelet picks
+  the newest of each it knows, as k8s.io/dynamic-resource-allocation's kubeletplugin advertises them);
+  ``NotifyRegistrationStatus`` is kubelet saying whether it took us.
 
     server = serve_dra(driver, "/var/lib/kubelet/plugins/rdma.tke.cloud.tencent.com/dra.sock")
     reg = serve_registration(Registration(dra_socket), "/var/lib/kubelet/plugins_registry/...-reg.sock")
@@ -23,7 +25,8 @@ from typing import Any
 
 import grpc
 
-from rdma_cni.dra import names
+from rdma_cni.deviceplugin.server import Board
+from rdma_cni.dra import health, names
 from rdma_cni.dra.driver import ClaimError, ClaimRef, Driver
 from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from rdma_cni.proto import pluginregistration_v1_pb2 as reg_pb
@@ -108,14 +111,15 @@ class Registration(reg_grpc.RegistrationServicer):
     """What kubelet's plugin watcher asks on the ``-reg.sock``. ``registered`` is set once kubelet says
     it took the plugin (and cleared when it says it did not)."""
 
-    def __init__(self, dra_socket: str) -> None:
+    def __init__(self, dra_socket: str, with_health: bool = False) -> None:
         self._endpoint = dra_socket
+        self._services = [*SERVICES, *(health.SERVICES if with_health else ())]
         self.registered = threading.Event()
         self.last_error = ""
 
     def GetInfo(self, request: reg_pb.InfoRequest, context: grpc.ServicerContext) -> reg_pb.PluginInfo:
         return reg_pb.PluginInfo(type=DRA_PLUGIN_TYPE, name=names.DRIVER, endpoint=self._endpoint,
-                                 supported_versions=list(SERVICES))
+                                 supported_versions=self._services)
 
     def NotifyRegistrationStatus(self, request: reg_pb.RegistrationStatus,
                                  context: grpc.ServicerContext) -> reg_pb.RegistrationStatusResponse:
@@ -134,11 +138,14 @@ def _server(prefix: str) -> grpc.Server:
     return grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=prefix))
 
 
-def serve_dra(driver: Driver, socket_path: str) -> grpc.Server:
-    """Both DRA service versions on ``socket_path`` (RuntimeError when it cannot bind)."""
+def serve_dra(driver: Driver, socket_path: str, board: Board | None = None) -> grpc.Server:
+    """Both DRA service versions on ``socket_path`` and, given the board, the health stream
+    (:mod:`.health`) beside them (RuntimeError when it cannot bind)."""
     server = _server("dra-grpc")
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1(driver), server)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1(driver), server)
+    if board is not None:
+        health.add_to_server(board, driver.node, server)
     server.add_insecure_port(f"unix:{socket_path}")
     server.start()
     return server
