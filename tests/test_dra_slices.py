@@ -6,6 +6,7 @@ from __future__ import annotations
 from rdma_cni.devices.facts import BondFacts
 from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot
 from rdma_cni.dra import names
+from rdma_cni.dra.daemon import sticky
 from rdma_cni.dra.slices import slice_specs
 
 
@@ -89,3 +90,12 @@ def test_node_without_bonds_publishes_one_empty_slice() -> None:
 def test_device_names_are_dns_labels_and_unique() -> None:
     got = names.device_names([("a", "Bond_A"), ("b", "bond-a"), ("c", "bond.a")])
     assert got == {"a": "bond-a", "b": "bond-a-2", "c": "bond-a-3"}
+
+
+def test_a_bond_lent_to_a_pod_keeps_its_last_known_subnet() -> None:
+    before = {"mlx5_bond_0": BondFacts("Ethernet", 3, "198.51.100.0/28")}
+    lent = {"mlx5_bond_0": BondFacts("Ethernet", 3, None), "mlx5_bond_1": BondFacts("Ethernet", None, None)}
+    assert sticky(before, lent) == {"mlx5_bond_0": BondFacts("Ethernet", 3, "198.51.100.0/28"),
+                                    "mlx5_bond_1": BondFacts("Ethernet", None, None)}
+    moved = {"mlx5_bond_0": BondFacts("Ethernet", 3, "203.0.113.0/24")}
+    assert sticky(before, moved) == moved

@@ -8,6 +8,7 @@ model (:mod:`rdma_cni.devices`), beside the device plugin, as dranet's ``pkg/dri
 - :mod:`.prepared`: the durable record of each prepared claim (write-ahead, rename);
 - :mod:`.driver`: NodePrepareResources / NodeUnprepareResources on the model, CDI specs out;
 - :mod:`.service`: kubelet's gRPC services (DRA v1 and v1beta1, plugin registration);
+- :mod:`.health`: kubelet's device health stream (DRAResourceHealth v1 and v1alpha1);
 - :mod:`.kubeapi`, :mod:`.publish`: ResourceClaims in, ResourceSlices out, through the API server;
 - :mod:`.daemon`: the process (scan, serve, register, publish on every change).
 

@@ -31,7 +31,7 @@ from rdma_cni.deviceplugin.server import Board
 from rdma_cni.deviceplugin.watch import HealthWatch
 from rdma_cni.devices import cdi, inventory
 from rdma_cni.devices.config import PluginConfig
-from rdma_cni.devices.facts import read_facts
+from rdma_cni.devices.facts import BondFacts, read_facts
 from rdma_cni.devices.model import Snapshot
 from rdma_cni.devices.pools import EXCLUSIVE, SHARED, PoolSnapshot
 from rdma_cni.dra import names
@@ -67,6 +67,19 @@ def bond_config(cfg: PluginConfig) -> PluginConfig:
     return dataclasses.replace(cfg, mode=EXCLUSIVE, pools=())
 
 
+def sticky(before: dict[str, BondFacts], now: dict[str, BondFacts]) -> dict[str, BondFacts]:
+    """``now``, keeping a bond's last known subnet while it has none: in exclusive mode the CNI lends
+    the bond's address to the pod holding it, and the slice should not change at every pod start
+    (nor lose the attribute a claim selected it by)."""
+    out = {}
+    for dev, facts in now.items():
+        old = before.get(dev)
+        if facts.ipv4_subnet is None and old is not None and old.ipv4_subnet is not None:
+            facts = dataclasses.replace(facts, ipv4_subnet=old.ipv4_subnet)
+        out[dev] = facts
+    return out
+
+
 class Publisher:
     """Publishes the board's snapshot whenever :meth:`changed` is called, on its own thread."""
 
@@ -77,6 +90,7 @@ class Publisher:
         self._wake = threading.Event()
         self.published = threading.Event()  # set after the first successful publish
         self.failures = 0
+        self._facts: dict[str, BondFacts] = {}
 
     def changed(self, _name: str = "", _snap: PoolSnapshot | None = None) -> None:
         self._wake.set()
@@ -87,7 +101,8 @@ class Publisher:
         assert isinstance(snap, Snapshot)
         shares = self._cfg.shared_count if self._cfg.mode == SHARED else None
         try:
-            specs = slice_specs(self._slices.node, snap, read_facts(self._cfg, snap.bonds), shares)
+            self._facts = sticky(self._facts, read_facts(self._cfg, snap.bonds))
+            specs = slice_specs(self._slices.node, snap, self._facts, shares)
             self._slices.publish(specs)
         except CniError as e:
             self.failures += 1
