@@ -30,6 +30,7 @@ from netns import REPO, can_run
 from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from rdma_cni.proto import pluginregistration_v1_pb2 as reg_pb
 from rdma_cni.proto import pluginregistration_v1_pb2_grpc as reg_grpc
+from rdma_cni.sim.tree import set_port_state
 
 pytestmark = pytest.mark.netns
 
@@ -182,3 +183,45 @@ def test_kill9_mid_prepare_then_retry_ends_in_one_prepared_state(dra: DraNode, s
     assert [n["path"] for n in doc["devices"][0]["containerEdits"]["deviceNodes"]] == [
         "/dev/infiniband/uverbs0", "/dev/infiniband/umad0", "/dev/infiniband/issm0"]
     assert dra.prepare(uid, "nics") == entry  # and once more: the same answer
+
+
+def test_port_state_without_event_reaches_the_slice_through_the_rescan(dra: DraNode) -> None:
+    dra.start()
+    wait_for(lambda: len(dra.slice_devices()) == 8, 30, "a slice with 8 devices")
+
+    def tainted() -> bool:
+        return any("taints" in d for d in dra.slice_devices() if d["name"] == "bond5")
+
+    for active in (False, True):
+        t0 = time.monotonic()
+        set_port_state(dra.d.sysfs, "mlx5_bond_5", 1, active=active)
+        wait_for(lambda a=active: tainted() is not a, 10, f"port ACTIVE={active} on the slice")  # type: ignore[misc]
+        took = (time.monotonic() - t0) * 1000
+        print(f"\nRDMA port {'ACTIVE' if active else 'DOWN'} -> slice: {took:.0f} ms")
+
+
+def test_restart_updates_the_same_slice_and_sigterm_removes_the_sockets(dra: DraNode) -> None:
+    proc = dra.start()
+    wait_for(lambda: len(dra.slice_devices()) == 8, 30, "a slice with 8 devices")
+    assert dra.d.stop(proc) == 0
+    assert not os.path.exists(dra.reg_socket) and not os.path.exists(dra.dra_socket)
+    writes, seen = len(dra.api.slice_writes), len(dra.api.requests)
+    dra.start()
+
+    def listed() -> bool:
+        return any(r["path"].startswith("/apis/resource.k8s.io/v1/resourceslices?")
+                   for r in dra.api.requests[seen:])
+
+    wait_for(listed, 30, "the restarted driver's look at its slices")
+    time.sleep(1.0)
+    assert len(dra.api.slices) == 1 and len(dra.api.slice_writes) == writes  # same content: nothing written
+
+
+def test_registration_socket_removed_is_served_again(dra: DraNode) -> None:
+    dra.start()
+    os.unlink(dra.reg_socket)
+    took = wait_for(lambda: _answers(dra.reg_socket), 10, "the registration socket back")
+    print(f"\nregistration socket removed -> served again: {took * 1000:.0f} ms")
+    with grpc.insecure_channel(f"unix:{dra.reg_socket}") as ch:
+        info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=5)
+    assert info.name == DRIVER
