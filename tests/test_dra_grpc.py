@@ -272,3 +272,20 @@ def test_health_stream_sends_every_device_then_each_change_in_v1_and_v1alpha1(ri
         assert bad == [("bond2", "bond is down")]
     v1.cancel()
     alpha.cancel()
+
+
+def test_a_node_error_fails_only_that_claim_with_internal(rig: Rig) -> None:
+    uid = rig.api.add_claim("default", "nics", [("nic", "bond0")])["metadata"]["uid"]
+    rig.cdi.write_text("a file where the CDI directory should be")
+    err = rig.prepare(("default", uid, "nics")).claims[uid].error
+    assert err.startswith("INTERNAL: ")
+    rig.cdi.unlink()
+    assert rig.prepare(("default", uid, "nics")).claims[uid].error == ""  # kubelet's retry
+
+
+def test_slices_are_published_without_owner_when_the_node_cannot_be_read(tmp_path: Path) -> None:
+    with DraApi(Pki(tmp_path / "pki"), node="another-node") as api:
+        client = ResourceClient(kubeconfig.load(str(api.kubeconfig(tmp_path / "kc"))), timeout=5)
+        assert SlicePublisher(client, NODE).publish(slice_specs(NODE, snapshot(), {}, None)) is True
+        [obj] = api.slices.values()
+        assert "ownerReferences" not in obj["metadata"] and len(obj["spec"]["devices"]) == 4

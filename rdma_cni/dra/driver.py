@@ -132,7 +132,7 @@ class Driver:
         except allocation.AllocationError as e:
             log.warning("claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, e)
             return ClaimError(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        except OSError as e:
+        except Exception as e:  # a disk error or a bug of ours: this claim fails, not kubelet's call
             log.exception("claim %s/%s (%s) failed on the node", ref.namespace, ref.name, ref.uid)
             return ClaimError(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from rdma_cni.cni.errors import CniError
 from rdma_cni.dra import names
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,12 @@ class SlicePublisher:
     def _owner_refs(self) -> list[Doc]:
         """The Node as owner, looked up once (a node is not re-created under a running driver)."""
         if self._owner is None:
-            node = self._api.get_node(self.node)
+            try:
+                node = self._api.get_node(self.node)
+            except CniError as e:  # the slices matter more than their garbage collection
+                log.warning("cannot read node %s (%s): its ResourceSlices get no owner for now",
+                            self.node, e.msg)
+                return []
             uid = (node or {}).get("metadata", {}).get("uid")
             if not uid:
                 log.warning("node %s not found: its ResourceSlices get no owner", self.node)
