@@ -16,8 +16,8 @@ The network stays the CNI's: prepare only hands the container its device nodes a
 
 Why not PyPI's ``kubernetes-pydra`` (0.1.0, 2026-06, read as a precedent): one release; it serves
 only ``v1.DRAPlugin`` (kubelets before 1.34 speak v1beta1 only), parses the pool and device back out
-of CDI IDs, keeps no record of prepared claims (a retry after a crash re-runs everything blind),
-needs the ``kubernetes`` client package, and ships protobuf gencode 6.33.5, which the protobuf 7
-runtime this project pins refuses (another major). The protos here are kubelet's own files
-(``rdma_cni/proto``, scripts/gen-proto) and the API calls the project's stdlib client.
+of CDI IDs, keeps no record of prepared claims (a retry after a crash re-runs everything blind), and
+needs the ``kubernetes`` client package (a runtime dependency this project does not have). The
+protos here are kubelet's own files (``rdma_cni/proto``, scripts/gen-proto) and the API calls go
+through the project's stdlib client.
 """
