@@ -51,3 +51,11 @@ def test_in_cluster_reads_the_service_account(tmp_path: Path) -> None:
     assert v6.server == "https://[fd00::1]:443"
     with pytest.raises(CniError, match="ServiceAccount CA"):
         in_cluster({"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "1"}, str(tmp_path / "x"))
+
+
+def test_the_bundle_runs_it_by_name() -> None:
+    code = ("import sys; sys.argv = ['rdma-cni', 'rdma-dra-driver', '--help']; "
+            "from rdma_cni.cli.multicall import main; main()")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60,
+                       env={**os.environ, "PYTHONPATH": REPO})
+    assert p.returncode == 0 and p.stdout.startswith("usage: rdma-dra-driver")
