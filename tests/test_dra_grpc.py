@@ -211,6 +211,7 @@ def test_prepare_refuses_a_bond_that_went_unhealthy_and_writes_nothing(rig: Rig)
     err = rig.prepare(("default", uid, "nics")).claims[uid].error
     assert err.startswith("FAILED_PRECONDITION: ") and "mlx5_bond_2" in err and "bond is down" in err
     assert rig.specs() == []
+    assert rig.driver.records.get(uid) is None
 
 
 def test_api_server_outage_is_unavailable_and_the_retry_succeeds(rig: Rig) -> None:

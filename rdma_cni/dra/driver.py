@@ -11,7 +11,7 @@ Prepare of one claim, top to bottom:
    (:func:`~rdma_cni.dra.names.device_names`, the mapping the slices were published with);
 4. the model's answer for those bonds, the one the device plugin's Allocate gives
    (:func:`rdma_cni.devices.allocation.allocate`: device nodes, NCCL/UCX env, the GID index env in
-   exclusive mode only), refused for an unknown or Unhealthy bond;
+   exclusive mode only), refused for an unknown or Unhealthy bond before anything is written;
 5. write-ahead record (``preparing``), the CDI spec (one rename), the ``prepared`` record.
 
 A kill -9 anywhere leaves either nothing, a ``preparing`` record (with or without a whole spec), or
@@ -165,21 +165,24 @@ class Driver:
         if unknown:
             raise ClaimError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"devices {unknown} are not on node {self.node} (devices: {sorted(by_name)})")
+        bond_ids = [by_name[a.device] for a in ours]
+        # The model's answer first: a bond it refuses (Unhealthy) fails the claim before anything is
+        # written.
+        alloc = allocation.allocate(snap, bond_ids, self._alloc_cfg) if ours else None
         self.records.put(PreparedClaim(ref.uid, ref.namespace, ref.name, PREPARING, ()))
         self._fp.hit(FP_WRITE_AHEAD)
-        devices = self._write_spec(ref.uid, [by_name[a.device] for a in ours], snap, ours)
+        devices = self._write_spec(ref.uid, bond_ids, snap, ours, alloc)
         self._fp.hit(FP_SPEC_WRITTEN)
         self.records.put(PreparedClaim(ref.uid, ref.namespace, ref.name, PREPARED, tuple(devices)))
         log.info("prepared claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid,
                  ", ".join(f"{d.device}" for d in devices) or "no device of ours")
         return devices
 
-    def _write_spec(self, uid: str, bond_ids: list[str], snap: Snapshot,
-                    ours: list[claims.Allocated]) -> list[PreparedDevice]:
-        if not ours:  # a claim with nothing of ours on this node: nothing to hand out
+    def _write_spec(self, uid: str, bond_ids: list[str], snap: Snapshot, ours: list[claims.Allocated],
+                    alloc: allocation.ContainerAllocation | None) -> list[PreparedDevice]:
+        if alloc is None:  # a claim with nothing of ours on this node: nothing to hand out
             cdi.remove_spec(self.cdi_dir, names.CDI_KIND, uid)
             return []
-        alloc = allocation.allocate(snap, bond_ids, self._alloc_cfg)
         bonds = [b for b in snap.bonds if b.id in set(bond_ids)]
         ids = cdi.write_spec(self.cdi_dir, names.CDI_KIND, uid, alloc, bonds)
         return [PreparedDevice(a.request, self.node, a.device, (ids[bond_id],), a.share_id)
