@@ -1,6 +1,9 @@
 """The DRA driver process: one scan, the DRA and registration sockets, the health watch, and the
 ResourceSlices kept current.
 
+The slices stay when the driver stops: a restart (an update, a crash) must not withdraw the node's
+devices from the scheduler; they go with the Node, their owner.
+
 Threads: the caller's thread watches the registration socket (re-served when something removed it:
 kubelet's plugin watcher only sees sockets that exist), the device plugin's
 :class:`~rdma_cni.deviceplugin.watch.HealthWatch` re-scans on every link/address event and on the
@@ -108,6 +111,10 @@ class Publisher:
             self.failures += 1
             log.warning("publishing ResourceSlices failed (%s); retrying in %gs", e.msg, RETRY_S)
             return False
+        except Exception:  # netlink or sysfs half gone, or a bug: the thread must live on
+            self.failures += 1
+            log.exception("publishing ResourceSlices failed; retrying in %gs", RETRY_S)
+            return False
         self.published.set()
         return True
 
@@ -157,6 +164,7 @@ def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, s
             stop.wait(SOCKET_CHECK_S)
     finally:
         stop.set()
+        publisher.changed()  # ends its wait for the next refresh
         if reg is not None:
             reg[0].stop(grace=0).wait(2.0)
             if socket_inode(paths.registration) == reg[1]:
