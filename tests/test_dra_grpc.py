@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,8 +116,10 @@ def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
         server.stop(grace=0).wait(2)
 
 
-def test_registration_answers_the_plugin_watcher_with_both_dra_services(tmp_path: Path) -> None:
-    reg_sock = str(tmp_path / f"{DRIVER}-reg.sock")
+def test_registration_answers_the_plugin_watcher_with_both_dra_services() -> None:
+    # A short dir of its own: the socket's name is long, and a unix socket path has 107 bytes at most.
+    short = tempfile.mkdtemp(prefix="dra-")
+    reg_sock = os.path.join(short, f"{DRIVER}-reg.sock")
     registration = Registration("/var/lib/kubelet/plugins/rdma.tke.cloud.tencent.com/dra.sock",
                                 with_health=True)
     server = serve_registration(registration, reg_sock)
@@ -134,6 +138,7 @@ def test_registration_answers_the_plugin_watcher_with_both_dra_services(tmp_path
             assert not registration.registered.is_set() and registration.last_error == "version mismatch"
     finally:
         server.stop(grace=0).wait(2)
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_prepare_writes_one_cdi_spec_with_the_device_plugins_env_and_answers_its_ids(rig: Rig) -> None:

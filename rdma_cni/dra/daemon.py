@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 RETRY_S = 2.0  # a refused or failed publish is tried again this soon
 REFRESH_S = 30.0  # and the slices are compared anyway this often (a GID index or subnet may move)
 SOCKET_CHECK_S = 0.5
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,11 @@ def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, s
                threading.Thread(target=publisher.run, args=(stop,), name="dra-publish", daemon=True)]
     for t in threads:
         t.start()
-    for d in (os.path.dirname(paths.dra), os.path.dirname(paths.registration)):
-        os.makedirs(d, mode=0o750, exist_ok=True)
+    for path in (paths.dra, paths.registration):
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise ValueError(f"{path} is longer than a unix socket path may be ({MAX_SOCKET_PATH} bytes): "
+                             "use a shorter --kubelet-root-dir")
+        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
     _unlink(paths.dra)
     dra = serve_dra(driver, paths.dra, board)
     registration = Registration(paths.dra, with_health=True)
