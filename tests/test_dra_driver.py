@@ -220,7 +220,10 @@ def test_restart_updates_the_same_slice_and_sigterm_removes_the_sockets(dra: Dra
 def test_registration_socket_removed_is_served_again(dra: DraNode) -> None:
     dra.start()
     os.unlink(dra.reg_socket)
-    took = wait_for(lambda: _answers(dra.reg_socket), 10, "the registration socket back")
+    try:
+        took = wait_for(lambda: _answers(dra.reg_socket), 10, "the registration socket back")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; driver log: {dra.log_tail()}") from None
     print(f"\nregistration socket removed -> served again: {took * 1000:.0f} ms")
     with grpc.insecure_channel(f"unix:{dra.reg_socket}") as ch:
         info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=5)

@@ -156,7 +156,8 @@ def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, s
     reg = None
     try:
         while not stop.is_set():
-            if reg is None or socket_inode(paths.registration) != reg[1]:
+            # reg[1] None: the socket was removed before its inode could be read, so serve again.
+            if reg is None or reg[1] is None or socket_inode(paths.registration) != reg[1]:
                 if reg is not None:
                     log.warning("%s was removed: serving it again for kubelet's plugin watcher",
                                 paths.registration)
