@@ -228,3 +228,19 @@ def test_registration_socket_removed_is_served_again(dra: DraNode) -> None:
     with grpc.insecure_channel(f"unix:{dra.reg_socket}") as ch:
         info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb.InfoRequest(), timeout=5)
     assert info.name == DRIVER
+
+
+def test_rdma_device_gone_from_sysfs_stays_listed_tainted_until_it_is_back(dra: DraNode) -> None:
+    dra.start()
+    wait_for(lambda: len(dra.slice_devices()) == 8, 30, "a slice with 8 devices")
+    link = os.path.join(dra.d.sysfs, "class", "infiniband", "mlx5_bond_6")
+    aside = os.path.join(dra.d.sysfs, "class", "infiniband", ".mlx5_bond_6-gone")
+
+    def state() -> tuple[int, bool]:
+        devs = dra.slice_devices()
+        return len(devs), any("taints" in d for d in devs if d["name"] == "bond6")
+
+    os.rename(link, aside)  # the driver unloaded, or the bond's LAG broke up
+    wait_for(lambda: state() == (8, True), 10, "bond6 kept and tainted")
+    os.rename(aside, link)
+    wait_for(lambda: state() == (8, False), 10, "bond6 back and untainted")
