@@ -413,7 +413,7 @@ def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back(
 def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
     kube: Binaries, baseline: dict[str, dict[str, Any]]
 ) -> None:
-    kubectl(kube, "delete", "statefulset", "ibv-app", "--wait=true", timeout=180)
+    kubectl(kube, "delete", "statefulset", "ibv-app", "--ignore-not-found", "--wait=true", timeout=180)
     w.wait_gone(kube, SEED)
     wait_exact(baseline)
     w.apply(kube, w.product_manifest(rdma_mode="shared", tag="0.1.1"))
