@@ -319,6 +319,14 @@ def test_foreign_first_config_warns_and_bad_delegate_key_fails(node: netns.Node,
             (WARN, "other.yaml"),
         ),
         ({}, (SKIP, "not readable")),
+        (
+            # kubelet in a mount namespace of its own: its --config read through /proc/<pid>/root
+            {
+                "cmdline": ["kubelet", "--config=/etc/kubelet-ns.yaml"],
+                "root/etc/kubelet-ns.yaml": "topologyManagerPolicy: best-effort\n",
+            },
+            (OK, "4242/root/etc/kubelet-ns.yaml"),
+        ),
     ],
 )
 def test_topology_manager_policy(tmp_path: Path, setup: dict[str, Any], want: tuple[str, str]) -> None:
@@ -333,6 +341,9 @@ def test_topology_manager_policy(tmp_path: Path, setup: dict[str, Any], want: tu
             (proc / "4242").mkdir()
             argv = [a.replace("KUBELET_CONFIG", str(kubelet / "other.yaml")) for a in content]
             (proc / "4242" / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        elif name.startswith("root/"):
+            (proc / "4242" / name).parent.mkdir(parents=True)
+            (proc / "4242" / name).write_text(content)
         else:
             (kubelet / name).write_text(content)
     snap = NodeSnapshot(

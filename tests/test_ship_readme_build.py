@@ -25,6 +25,9 @@ pytestmark = pytest.mark.netns
 
 # The node paths install.sh writes, each a fresh tmpfs inside the test's mount namespace.
 NODE_DIRS = ("/opt/cni/bin", "/etc/cni/net.d", "/etc/rdma-cni", "/var/lib/cni")
+# the host dirs compared before and after: not /var/lib/cni, which other tests' runtimes (Debian's
+# containerd, libcni's cache) write on this machine while the suite runs
+HOST_DIRS = ("/opt/cni/bin", "/etc/cni/net.d", "/etc/rdma-cni")
 
 
 def clean_copy(dest: Path) -> Path:
@@ -62,7 +65,7 @@ def test_readme_setup_build_install_verbatim_without_python_set(tmp_path: Path) 
         pytest.skip("scripts/setup and install.sh run as root")
     clone = clean_copy(tmp_path / "clone")
     assert "PYTHON" not in user_env()
-    host_before = {d: _listing(d) for d in NODE_DIRS}
+    host_before = {d: _listing(d) for d in HOST_DIRS}
 
     setup = sh("./scripts/setup", clone)
     assert setup.returncode == 0, setup.stderr[-3000:]
@@ -81,7 +84,7 @@ def test_readme_setup_build_install_verbatim_without_python_set(tmp_path: Path) 
     version = json.loads(install.stdout)
     assert "1.1.0" in version["supportedVersions"]
     assert "00-rdma-multus.conflist" in install.stderr
-    assert {d: _listing(d) for d in NODE_DIRS} == host_before, "the install reached the host's own dirs"
+    assert {d: _listing(d) for d in HOST_DIRS} == host_before, "the install reached the host's own dirs"
 
 
 def _listing(d: str) -> list[tuple[str, float]]:

@@ -148,6 +148,12 @@ def _kubelet_cmdline(proc_root: str) -> tuple[str | None, str | None]:
                 )
                 if value is not None:
                     flag, config = (value, config) if key == "--topology-manager-policy" else (flag, value)
+        if config and os.path.isabs(config):
+            # the file as kubelet sees it: through its own root, which is another mount namespace
+            # when the doctor runs in a container (hostPID) or kubelet in a namespace of its own
+            seen = os.path.join(proc_root, pid, "root", config.lstrip("/"))
+            if os.path.exists(seen):
+                config = seen
         return flag, config
     return None, None
 
