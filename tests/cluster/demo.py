@@ -67,7 +67,7 @@ def scenario(bins: Binaries, nodes: int) -> None:
         print(w.pod_exec(bins, "ibv-app-0", *cmd).rstrip())
     pod = json.loads(kubectl(bins, "get", "pod", "ibv-app-0", "-o", "json").stdout)
     nd = Node(int(pod["spec"]["nodeName"].rsplit("-", 1)[1]))
-    print(f"$ cni-tool gids   (on {nd.name}: show_gids of the pod's devices, as the pod sees them)")
+    print(f"$ cni-tool gids   (on {nd.name}: show_gids; the pod keeps each bond's index 3)")
     print(nd.run("/opt/cni/bin/cni-tool gids | head -20").stdout.rstrip())
     key = "k8s\\.v1\\.cni\\.cncf\\.io/network-status"
     print(f"$ kubectl get pod ibv-app-0 -o jsonpath='{{.metadata.annotations.{key}}}'")
