@@ -49,23 +49,30 @@ class Binaries:
         raise BuildError(f"{name}: not built (run scripts/cluster build)")
 
 
-def go_build(b: GoBuild) -> Path:
-    """Build ``b`` unless its cache dir is complete; the bin dir."""
-    if all((b.bin_dir / n).is_file() for n in b.binaries()):
-        log.info("%s %s: cached in %s", b.name, b.version, b.bin_dir)
-        return b.bin_dir
-    b.bin_dir.parent.parent.mkdir(parents=True, exist_ok=True)
+def go_build(b: GoBuild, cache_root: Path = CACHE_ROOT) -> Path:
+    """Build ``b`` unless its cache dir under ``cache_root`` is complete; the bin dir."""
+    bin_dir = cache_root / b.key / "bin"
+    if all((bin_dir / n).is_file() for n in b.binaries()):
+        log.info("%s %s: cached in %s", b.name, b.version, bin_dir)
+        return bin_dir
+    cache_root.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     log.info("%s %s: building %s (first time only)", b.name, b.version, " ".join(b.binaries()))
     env = dict(os.environ, CGO_ENABLED="1" if b.cgo else "0", GOFLAGS="-mod=mod")
-    with tempfile.TemporaryDirectory(dir=b.bin_dir.parent.parent, prefix=f".{b.name}-") as tmp:
+    with tempfile.TemporaryDirectory(dir=cache_root, prefix=f".{b.name}-") as tmp:
         out = Path(tmp) / "bin"
         out.mkdir()
         cmd = ["go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", f"{out}/"]
         if b.tags:
             cmd += ["-tags", b.tags]
         proc = subprocess.run(
-            [*cmd, *b.packages], cwd=b.gomod_dir, env=env, capture_output=True, text=True, check=False
+            [*cmd, *b.packages],
+            cwd=b.gomod_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if proc.returncode != 0:
             raise BuildError(f"{b.name} {b.version}: go build failed:\n{proc.stderr[-4000:]}")
@@ -74,11 +81,11 @@ def go_build(b: GoBuild) -> Path:
         missing = [n for n in b.binaries() if not (out / n).is_file()]
         if missing:
             raise BuildError(f"{b.name}: go build made no {missing}")
-        shutil.rmtree(b.bin_dir.parent, ignore_errors=True)
-        b.bin_dir.parent.mkdir(parents=True)
-        out.rename(b.bin_dir)
+        shutil.rmtree(bin_dir.parent, ignore_errors=True)
+        bin_dir.parent.mkdir(parents=True)
+        out.rename(bin_dir)
     log.info("%s %s: built in %.0f s", b.name, b.version, time.monotonic() - t0)
-    return b.bin_dir
+    return bin_dir
 
 
 def ensure_debian_tools() -> None:

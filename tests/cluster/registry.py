@@ -34,20 +34,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.build import go_build
 from cluster.images import DEFAULT_CACHE_ROOT, Image
+from cluster.versions import GoBuild
 
 log = logging.getLogger("cluster.registry")
 
@@ -74,39 +73,11 @@ class RegistryBins:
     version: str
 
 
-def _cache_dir(cache_root: Path) -> Path:
-    h = hashlib.sha256(" ".join(PACKAGES).encode())
-    for f in ("go.mod", "go.sum"):
-        h.update((GOMOD_DIR / f).read_bytes())
-    return cache_root / f"registry-{VERSION}-{h.hexdigest()[:10]}"
-
-
 def build_registry(cache_root: Path = DEFAULT_CACHE_ROOT) -> RegistryBins:
-    """``crane`` and ``registry`` from the Go module proxy, unless already in the cache; a build goes
-    to a temporary dir renamed into place when complete."""
-    bin_dir = _cache_dir(cache_root) / "bin"
-    bins = RegistryBins(bin_dir / "crane", bin_dir / "registry", VERSION)
-    if bins.crane.is_file() and bins.registry.is_file():
-        log.info("registry %s: cached in %s", VERSION, bin_dir)
-        return bins
-    t0 = time.monotonic()
-    log.info("registry %s: go build crane, registry (first time only, ~40 s)", VERSION)
-    cache_root.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=mod")
-    with tempfile.TemporaryDirectory(dir=cache_root, prefix=".registry-") as tmp:
-        out = Path(tmp) / "bin"
-        out.mkdir()
-        cmd = ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", f"{out}/", *PACKAGES]
-        proc = subprocess.run(
-            cmd, cwd=GOMOD_DIR, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
-        )
-        if proc.returncode != 0:
-            raise RegistryError(f"registry {VERSION}: go build failed:\n{proc.stderr[-4000:]}")
-        shutil.rmtree(bin_dir.parent, ignore_errors=True)
-        bin_dir.parent.mkdir(parents=True)
-        out.rename(bin_dir)
-    log.info("registry %s: built in %.0f s", VERSION, time.monotonic() - t0)
-    return bins
+    """``crane`` and ``registry`` from the Go module proxy, unless already in the cache: the
+    harness's one cached Go build (cluster.build.go_build), keyed by version and go.sum."""
+    bin_dir = go_build(GoBuild("registry", VERSION, GOMOD_DIR, PACKAGES, "-s -w"), cache_root)
+    return RegistryBins(bin_dir / "crane", bin_dir / "registry", VERSION)
 
 
 def in_netns(argv: Sequence[str | Path], netns: str | None) -> list[str]:
