@@ -17,10 +17,11 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import cluster
+from cluster import build, cluster
 from cluster import topology as topo
 from cluster import workloads as w
 from cluster.build import Binaries
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 NODES = 2
 SEED = "k8s-app=ibv-app"
 DS = "k8s-app=rdma-cni"
-NAD_CRD = w.Path(__file__).resolve().parent / "cluster" / "nad-crd.yaml"
+NAD_CRD = Path(__file__).resolve().parent / "cluster" / "nad-crd.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def kube() -> Iterator[Binaries]:
         if not (reuse and cluster.State.load().procs):
             cluster.up(NODES)
         try:
-            bins = cluster.build.binaries()
+            bins = build.binaries()
             w.label_nodes(bins, NODES)
             w.apply(bins, w.product_manifest())
             yield bins
@@ -340,18 +341,9 @@ def test_kubelet_restarted_leaves_the_pods_undisturbed_and_the_capacity_comes_ba
 ) -> None:
     before = _pod_state(kube)
     nd = Node(1)
-    sock = nd.dir("/var/lib/kubelet") / "device-plugins" / "kubelet.sock"
-    old = (sock.stat().st_ino, sock.stat().st_ctime_ns)  # ext4 may give the new socket the same inode
-    cluster.restart(f"{nd.name}/kubelet", sig)
     # kubelet side (PodResources): from the new kubelet's socket to the product's device plugin
     # registered with it again (the figure the benchmark reports; here only bounded)
-    w.wait(
-        "kubelet.sock re-created",
-        lambda: sock.exists() and (sock.stat().st_ino, sock.stat().st_ctime_ns) != old,
-        60,
-        0.02,
-    )
-    back = w.capacity_back_after(nd, time.monotonic())
+    back = w.restart_kubelet(nd, sig)
     print(f"kubelet {sig.name}: capacity back {back:.2f} s after the new kubelet.sock")
     _allocatable_back(kube, nd.name)
     _pods_undisturbed(kube, before)
@@ -461,4 +453,5 @@ def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
         wait_exact(baseline)
     finally:
         kubectl(kube, "delete", "deployment", "rdma-shared", "--wait=false", check=False)
-    assert GPU  # the GPU stand-in stays registered throughout
+    for nd in nodes():  # the GPU stand-in stayed registered through the DaemonSet's re-install
+        assert cluster.node_resources(kube, nd.name, GPU) == (8, 8)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from cluster import cluster
+from cluster import build, cluster
 from cluster import workloads as w
 from cluster.build import Binaries
 from cluster.cluster import kubectl
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.monotonic()
             cluster.up(1)
             up_s = time.monotonic() - t0
-            bins = cluster.build.binaries()
+            bins = build.binaries()
             w.label_nodes(bins, 1)
             w.apply(bins, w.product_manifest())
             w.wait_ready(bins, "k8s-app=rdma-cni", 1, "kube-system", timeout=300)
@@ -90,16 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ref.append(one(bins, f"ref-{i}", False))
                 seed.append(one(bins, f"seed-{i}", True))
                 w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
-            sock = nd.dir("/var/lib/kubelet") / "device-plugins" / "kubelet.sock"
-            old = (sock.stat().st_ino, sock.stat().st_ctime_ns)
-            cluster.restart(f"{nd.name}/kubelet", signal.SIGTERM)
-            w.wait(
-                "new kubelet.sock",
-                lambda: sock.exists() and (sock.stat().st_ino, sock.stat().st_ctime_ns) != old,
-                60,
-                0.02,
-            )
-            back = w.capacity_back_after(nd, time.monotonic())
+            back = w.restart_kubelet(nd, signal.SIGTERM)
         finally:
             cluster.down()
     p50s, p50r = statistics.median(seed), statistics.median(ref)

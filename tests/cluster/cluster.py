@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -101,12 +102,25 @@ GPU = "nvidia.com/gpu"
 RDMA = "tke.cloud.tencent.com/tke-shared-rdma"
 
 
-def capacity(bins: Binaries, node: str, resource: str, field: str = "capacity") -> int:
-    """A node's capacity (or allocatable) of an extended resource, as the API server has it."""
+def node_resources(bins: Binaries, node: str, resource: str) -> tuple[int, int]:
+    """A node's capacity and allocatable of an extended resource, as the API server has them
+    ((-1, -1) while the node is not registered)."""
     out = kubectl(bins, "get", "node", node, "-o", "json", check=False)
     if out.returncode != 0:
-        return -1
-    return quantity(json.loads(out.stdout)["status"].get(field, {}).get(resource, "0"))
+        return -1, -1
+    status = json.loads(out.stdout)["status"]
+    return (
+        quantity(status.get("capacity", {}).get(resource, "0")),
+        quantity(status.get("allocatable", {}).get(resource, "0")),
+    )
+
+
+def _registered(bins: Binaries, node: str) -> bool:
+    return kubectl(bins, "get", "node", node, check=False).returncode == 0
+
+
+def _offers(bins: Binaries, node: str, resource: str, count: int) -> bool:
+    return node_resources(bins, node, resource)[0] == count
 
 
 def quantity(text: str) -> int:
@@ -173,13 +187,7 @@ def up(n_nodes: int = 1) -> State:
     st = State(nodes=n_nodes)
     t0 = time.monotonic()
     try:
-        _up(
-            st,
-            bins,
-            n_nodes,
-            lambda logs: [start_registry(reg, imgs, logs)],
-            [i.archive for i in imgs if "debian" not in i.ref],
-        )
+        _up(st, bins, n_nodes, reg, imgs)
     except BaseException:
         log.error("up failed: removing what it made")
         down()
@@ -188,7 +196,7 @@ def up(n_nodes: int = 1) -> State:
     return st
 
 
-def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, archives: list[Path]) -> None:
+def _up(st: State, bins: Binaries, n_nodes: int, reg: RegistryBins, imgs: Sequence[Image]) -> None:
     logs = WORK / "logs"
     pki = WORK / "pki"
     logs.mkdir(parents=True, exist_ok=True)
@@ -213,7 +221,7 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, archives: l
         st.save()
         nodemod.mount_sys(nd)
         nodemod.cluster_network_config(nd)
-    st.procs += registry_hook(logs)
+    st.procs.append(start_registry(reg, imgs, logs))
     st.save()
     control_plane.make_pki(pki, n_nodes)
     st.procs += control_plane.start(bins, pki, WORK / "data", logs, topo.node_netns(1))
@@ -221,7 +229,7 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, archives: l
     for nd in nodes:
         st.procs.append(nodemod.start_containerd(nd, bins, topo.REGISTRY, logs / nd.name))
         st.save()
-        nodemod.import_images(nd, bins, archives)
+        nodemod.import_images(nd, bins, [i.archive for i in imgs if "debian" not in i.ref])
         st.procs.append(nodemod.start_kube_proxy(nd, bins, pki, logs / nd.name))
         st.procs.append(nodemod.start_kubelet(nd, bins, pki, logs / nd.name))
         st.save()
@@ -229,7 +237,7 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, archives: l
         kubelet = next(p for p in st.procs if p.name == f"{nd.name}/kubelet")
         procs.wait_for(
             f"node {nd.name} registered",
-            lambda nd=nd: kubectl(bins, "get", "node", nd.name, check=False).returncode == 0,
+            functools.partial(_registered, bins, nd.name),
             120,
             kubelet,
         )
@@ -238,7 +246,10 @@ def _up(st: State, bins: Binaries, n_nodes: int, registry_hook: Any, archives: l
     for nd in nodes:
         gpu = next(p for p in st.procs if p.name == f"{nd.name}/gpu-plugin")
         procs.wait_for(
-            f"{nd.name}'s nvidia.com/gpu capacity", lambda nd=nd: capacity(bins, nd.name, GPU) == 8, 60, gpu
+            f"{nd.name}'s nvidia.com/gpu capacity",
+            functools.partial(_offers, bins, nd.name, GPU, 8),
+            60,
+            gpu,
         )
 
 

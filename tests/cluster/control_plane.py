@@ -8,6 +8,7 @@ kube-proxy, so in-cluster config works in pods as on a real node.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list
         url = f"https://127.0.0.1:{port}/healthz"
         wait_for(
             f"{proc.name}'s /healthz",
-            lambda url=url: _probe_in_netns(netns, url, pki, verify=False),
+            functools.partial(_probe_in_netns, netns, url, pki, verify=False),
             60,
             proc,
         )

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from cluster import cluster
+from cluster import build, cluster
 from cluster import topology as topo
 from cluster import workloads as w
 from cluster.build import Binaries
@@ -41,8 +41,8 @@ def scenario(bins: Binaries, nodes: int) -> None:
     w.apply(bins, w.product_manifest())
     w.wait_ready(bins, "k8s-app=rdma-cni", nodes, "kube-system", timeout=300)
     show(bins, "-n", "kube-system", "get", "po", "-o", "wide", "-l", "k8s-app=rdma-cni")
-    for n in range(1, nodes + 1):
-        w.wait("capacity", lambda n=n: w.node_capacity(bins, topo.node_name(n)) == (8, 8), 120)
+    for name in (topo.node_name(n) for n in range(1, nodes + 1)):
+        w.wait(f"{name} offers 8", lambda name=name: w.node_capacity(bins, name) == (8, 8), 120)
     print("$ kubectl describe node | grep tke-shared-rdma")
     print(
         "\n".join(
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with cluster.exclusive():
         try:
             cluster.up(a.nodes)
-            scenario(cluster.build.binaries(), a.nodes)
+            scenario(build.binaries(), a.nodes)
         except KeyboardInterrupt:
             print("interrupted: removing the cluster", file=sys.stderr)
             return 130

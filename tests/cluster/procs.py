@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -109,11 +109,10 @@ def load(items: Sequence[dict[str, object]]) -> list[Proc]:
 
 
 def wait_for(
-    what: str, check: object, timeout: float, proc: Proc | None = None, interval: float = 0.25
+    what: str, check: Callable[[], object], timeout: float, proc: Proc | None = None, interval: float = 0.25
 ) -> None:
     """Poll ``check()`` until true; a component that died or never became ready is named with the
     tail of its log."""
-    assert callable(check)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and not alive(proc):

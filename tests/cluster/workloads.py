@@ -15,7 +15,7 @@ import yaml
 
 from cluster import topology as topo
 from cluster.build import Binaries
-from cluster.cluster import RDMA, kubectl, quantity
+from cluster.cluster import RDMA, kubectl, node_resources, restart
 from cluster.node import Node
 from rdma_cni.kube import podresources
 
@@ -92,8 +92,8 @@ def seed_statefulset(image: str = TEST_IMAGE, replicas: int | None = None) -> st
 
 
 def node_capacity(bins: Binaries, node: str) -> tuple[int, int]:
-    out = json.loads(kubectl(bins, "get", "node", node, "-o", "json").stdout)["status"]
-    return quantity(out["capacity"].get(RDMA, "0")), quantity(out["allocatable"].get(RDMA, "0"))
+    """The node's capacity and allocatable of the RDMA resource, as the API server has them."""
+    return node_resources(bins, node, RDMA)
 
 
 def pod_exec(bins: Binaries, pod: str, *cmd: str, namespace: str = "default") -> str:
@@ -122,11 +122,8 @@ def node_network(node: Node) -> dict[str, Any]:
     gids = {}
     for dev in sorted((node.sys_tree / "class" / "infiniband").iterdir()):
         gdir = dev / "ports" / "1" / "gids"
-        gids[dev.name] = {
-            g.name: g.read_text().strip()
-            for g in gdir.iterdir()
-            if g.read_text().strip() != "0000:0000:0000:0000:0000:0000:0000:0000"
-        }
+        texts = {g.name: g.read_text().strip() for g in gdir.iterdir()}
+        gids[dev.name] = {k: v for k, v in texts.items() if v != "0000:0000:0000:0000:0000:0000:0000:0000"}
     return {"addr": addrs, "route": routes, "rule": rules, "gid": gids}
 
 
@@ -186,8 +183,22 @@ def kubelet_allocatable(node: Node, resource: str = RDMA) -> int:
         return -1
 
 
-def capacity_back_after(node: Node, since: float, timeout: float = 30) -> float:
-    """Seconds from ``since`` (monotonic) until the node's kubelet offers 8 bonds again."""
+def restart_kubelet(node: Node, sig: int, timeout: float = 30) -> float:
+    """Restart the node's kubelet with ``sig``; the seconds from the new kubelet's socket to its
+    offering 8 bonds again (the product's device plugin re-registered: kubelet's PodResources view)."""
+    sock = node.dir("/var/lib/kubelet") / "device-plugins" / "kubelet.sock"
+
+    def identity() -> tuple[int, int] | None:
+        try:
+            st = sock.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_ctime_ns  # ext4 may give the new socket the old inode number
+
+    old = identity()
+    restart(f"{node.name}/kubelet", sig)
+    wait("kubelet.sock re-created", lambda: identity() not in (None, old), 60, 0.02)
+    since = time.monotonic()
     wait(
         f"{node.name}'s kubelet offers 8 {RDMA} again", lambda: kubelet_allocatable(node) == 8, timeout, 0.05
     )
