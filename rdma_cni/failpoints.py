@@ -3,7 +3,9 @@
 Every plugin that writes ahead (rdma-macvlan, rdma-ipvlan) names its steps and calls
 :meth:`Failpoints.hit` after each; the crash-safety tests kill -9 the plugin there (or inject an
 I/O error, or SIGSTOP it) and prove that DEL or GC leaves the node as it was. Unset, it costs a
-string compare per step.
+string compare per step. ``RDMA_CNI_FAILPOINT_ARMED=<path>`` makes it fire only while that file
+exists: a daemon that the test cannot start with a fresh environment (a DaemonSet's container,
+restarted by kubelet with the same env) crashes once, when the test arms it, and not again after.
 
     fp = Failpoints(req.env); ...; fp.hit("write-ahead")
 """
@@ -31,9 +33,10 @@ class Failpoints:
         self.step = step
         self.nth = int(nth) if nth.isdigit() else 1
         self.seen = 0
+        self.armed_by = env.get("RDMA_CNI_FAILPOINT_ARMED", "")
 
     def hit(self, step: str) -> None:
-        if step != self.step:
+        if step != self.step or (self.armed_by and not os.path.exists(self.armed_by)):
             return
         self.seen += 1
         if self.seen == self.nth:

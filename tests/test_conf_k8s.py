@@ -39,6 +39,11 @@ API_GROUPS = {
     "Deployment": "apps/v1",
     "ClusterRole": "rbac.authorization.k8s.io/v1",
     "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+    "DeviceClass": "resource.k8s.io/v1",
+    "ResourceClaim": "resource.k8s.io/v1",
+    "ResourceClaimTemplate": "resource.k8s.io/v1",
+    "ValidatingAdmissionPolicy": "admissionregistration.k8s.io/v1",
+    "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io/v1",
 }
 Mutation = Callable[[dict[str, Any]], object]
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
@@ -420,7 +425,8 @@ def _with_rdma_mode(value: str) -> list[dict[str, Any]]:
 def _install_node(ds: dict[str, Any], tmp_path: Path, rdma_mode: str) -> Path:
     """The install container's command (its args, $(VAR) expanded from its env) run with the source
     tree's scripts/install.sh into a temp host root. The bundle is a stand-in with the repo's conf/:
-    tests/test_install.py runs the built one; this file checks what the manifest makes of it."""
+    tests/test_install.py and tests/test_install_rdma_mode.py run the built one; this file checks what
+    the manifest makes of it."""
     init = ds["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e["value"] for e in init["env"]}
     assert env["RDMA_MODE"] == rdma_mode
