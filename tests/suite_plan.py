@@ -26,15 +26,15 @@ import pytest
 SERIAL: Mapping[str, str] = {
     "test_agent_prefault.py": "prefault runs under SCHED_IDLE: on CPUs the other workers keep busy it "
     "gets no time at all, and these tests watch it run and stop",
-    "test_agent.py::test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the_hot_pages":
+    "test_agent_pool.py::test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the_hot_pages":
     "reads the workers' private dirty memory against the hot pages, which SCHED_IDLE prefault copies",
-    "test_agent.py::test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit":
+    "test_agent_pool.py::test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit":
     "a memory bound of a process tree",
     "test_metrics_agent.py::test_prometheus_sees_the_bond_lent_to_the_pod_then_back_on_the_host":
     "asserts the warm ADD lands in the 1 s histogram bucket: a duration",
     "test_metrics_agent.py::test_doctor_says_where_the_metrics_are_and_whether_they_answer":
     "the doctor gives /metrics the product's short HTTP timeout, which busy CPUs overran (WARN)",
-    "test_install.py::test_build_without_client_links_the_plugins_to_the_bundle":
+    "test_install_bundle.py::test_build_without_client_links_the_plugins_to_the_bundle":
     "its own PyInstaller build would queue behind the shared bundle's for the cache lock, and its "
     "300 s bound counts the wait",
 }
@@ -46,12 +46,13 @@ GROUPS: Mapping[str, str] = {
     # scripts/demo sweeps the namespaces of dead demo runs: a second demo at the same time would sweep
     # the run test_a_killed_run_is_swept_by_the_next_one killed before it looks
     "test_ship_demo.py": "demo",
-    "test_install.py::test_demo_runs_on_the_installed_bundle": "demo",
+    "test_install_bundle.py::test_demo_runs_on_the_installed_bundle": "demo",
     "test_ship_demo_shared.py": "demo",
     # one real cluster per machine (fixed namespace names, mount points, cgroups): its tests share a
     # worker and one module-scoped cluster; the images' registry test rides along
     "test_cluster_e2e.py": "cluster",
     "test_cluster_images.py": "cluster",
+    "test_cluster_dra.py": "cluster",
 }
 
 FIRST: tuple[str, ...] = (
@@ -60,6 +61,9 @@ FIRST: tuple[str, ...] = (
     "test_vm_e2e.py",
     "test_ship_demo.py",
     "test_install.py",
+    "test_install_bundle.py",
+    "test_install_agent.py",
+    "test_install_rdma_mode.py",
 )
 
 QUICK: tuple[str, ...] = (
@@ -108,7 +112,7 @@ QUICK: tuple[str, ...] = (
     "test_e2e_deviceplugin_multus.py::test_kubelet_allocates_4_of_8_and_the_pod_gets_exactly_those_bonds_and_devices",
     # the agent: its answer is the in-process one, through the Python and the C client
     "test_agent.py::test_agent_answer_equals_the_in_process_answer",
-    "test_agent.py::test_c_client_answer_equals_the_in_process_answer",
+    "test_agent_c_client.py::test_c_client_answer_equals_the_in_process_answer",
     "test_agent_macvlan.py::test_agent_and_in_process_give_the_same_results_and_host_changes",
     # node checks and metrics read the same node
     "test_doctor.py::test_healthy_node_from_the_real_kernel_capture_is_all_ok",

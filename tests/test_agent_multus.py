@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from tests.kube_server import KubeServer, Pki
+from tests.multus_node import ANNOTATION, RESOURCE, Node, addrs, links
 from tests.netns import build_c_client, launch_agent, stop_agent
 from tests.podresources_server import PodResourcesServer
-from tests.test_multus_netns import ANNOTATION, RESOURCE, Node, addrs, links
 
 pytestmark = pytest.mark.netns
 

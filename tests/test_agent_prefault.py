@@ -16,14 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_agent import (
-    cni_env,
-    live_children,
-    probe_conf,
-    read_json,
-    start_agent,
-    stop,
-)
+from netns import stop_agent as stop
+from probe_agent import cni_env, live_children, probe_conf, read_json, start_agent
 
 from rdma_cni.agent import client, prefault
 

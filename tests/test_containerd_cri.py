@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_multus_netns import ANNOTATION, CLEAN_NODE, RESOURCE, Node, addrs, links, reachable
+from tests.multus_node import ANNOTATION, CLEAN_NODE, RESOURCE, Node, addrs, links, reachable
 
 pytestmark = pytest.mark.netns
 

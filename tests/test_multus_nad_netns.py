@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests import test_multus_netns as multus_node
+from tests import multus_node
 from tests.kube_server import KubeServer
-from tests.test_multus_netns import ANNOTATION, CLEAN_NODE, RESOURCE, Node, addrs, links, sh
+from tests.multus_node import ANNOTATION, CLEAN_NODE, RESOURCE, Node, addrs, links, sh
 
 pytestmark = pytest.mark.netns
 

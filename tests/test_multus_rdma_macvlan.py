@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.kube_server import KubeServer, Pki
-from tests.test_multus_netns import ANNOTATION, RESOURCE, Node, addrs, links, reachable, sh
+from tests.multus_node import ANNOTATION, RESOURCE, Node, addrs, links, reachable, sh
 
 pytestmark = pytest.mark.netns
 
