@@ -1,0 +1,303 @@
+"""The DRA variant on a real cluster (tests/cluster: Kubernetes v1.37.2 and containerd 2.4 built from Go
+modules; one simulated RDMA node of 8 bonds on 2 NUMA nodes and 4 PCIe roots, 2 bonds a root), installed
+as a user installs it: ``kubectl apply -f conf/k8s/dra/``.
+
+In order, on one cluster (module scope): the ResourceSlices and a bond's taint; seed 000's ibv-app
+StatefulSet, unchanged, served through the DeviceClass's extendedResourceName; claims that align GPUs
+(the stand-in GPU DRA driver, tests/cluster/gpu_dra.py: root r holds GPUs 2r, 2r+1) and NICs by PCIe
+root; a claim for a tainted bond; the faults (the driver killed -9 mid-prepare, the kubelet restarted,
+an unknown claim unprepared); then shared mode by claim.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from cluster import build, cluster
+from cluster import dra as d
+from cluster import topology as topo
+from cluster import workloads as w
+from cluster.build import Binaries
+from cluster.cluster import kubectl
+from cluster.node import Node
+
+from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc
+from rdma_cni.sim import tree as sim_tree
+
+pytestmark = [pytest.mark.cluster, pytest.mark.dra, pytest.mark.netns]
+
+NODE = Node(1)
+SEED = "k8s-app=ibv-app"
+DS = "k8s-app=rdma-cni"
+GPU_DRIVER = "gpu.nvidia.com"
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[Binaries]:
+    """One node labelled, conf/k8s/dra/ applied, the driver's slices published, the GPU DRA driver
+    running; everything removed after (``RDMA_CNI_CLUSTER_REUSE=1`` keeps a cluster that is up)."""
+    reuse = os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1"
+    with cluster.exclusive():
+        if not (reuse and cluster.State.load().procs):
+            cluster.up(1)
+        try:
+            bins = build.binaries()
+            w.label_nodes(bins, 1)
+            w.apply(bins, d.manifests(failpoint="dra-prepare-spec-written:stop"))
+            w.wait_ready(bins, DS, 1, "kube-system", timeout=240)
+            w.wait("the driver's 8 devices published", lambda: len(d.devices(bins, node=NODE.name)) == 8, 60)
+            d.start_gpu_dra(bins, NODE)
+            yield bins
+        finally:
+            if not reuse:
+                cluster.down()
+
+
+@pytest.fixture(scope="module")
+def baseline(kube: Binaries) -> dict[str, Any]:
+    for kind, name in (("statefulset", "ibv-app"), ("deployment", "rdma-shared"), ("pod", "gpu-nic-pairs-2")):
+        kubectl(kube, "delete", kind, name, "--ignore-not-found", "--wait=true", timeout=180)
+    w.wait_gone(kube, SEED)
+    time.sleep(2)  # the last DEL's GID update
+    return w.node_network(NODE)
+
+
+def pod(bins: Binaries, name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(kubectl(bins, "get", "pod", name, "-o", "json").stdout)
+    return doc
+
+
+def bonds_of(bins: Binaries, name: str) -> dict[str, str]:
+    out = json.loads(w.pod_exec(bins, name, "ip", "-j", "-4", "addr"))
+    return {a["ifname"]: a["addr_info"][0]["local"] for a in out if a["ifname"].startswith("bond")}
+
+
+def env_of(bins: Binaries, name: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in w.pod_exec(bins, name, "env").split("\n") if "=" in line)
+
+
+# --------------------------------------------------------------------------- the slices
+
+
+def test_resourceslices_show_every_bond_with_the_standard_and_our_attributes(kube: Binaries) -> None:
+    devs = d.devices(kube, node=NODE.name)
+    assert sorted(devs) == [f"bond{b}" for b in range(topo.BONDS)]
+    for b in range(topo.BONDS):
+        a = devs[f"bond{b}"]["attrs"]
+        assert a[d.ROOT] == sim_tree.pcie_root(b)
+        assert a[d.NUMA] == topo.bond_numa(b)
+        assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", a[d.BUS]), a[d.BUS]
+        assert a["bond"] == f"bond{b}" and a["hca"] == f"mlx5_bond_{b}"
+        assert a["linkLayer"] == "Ethernet"
+        assert a["gidIndex"] == 3, "the host's RoCE v2 index: the one every pod keeps"
+        assert a["ipv4Subnet"] == str(topo.bond_subnet(1, b))
+        assert "taints" not in devs[f"bond{b}"] and "allowMultipleAllocations" not in devs[f"bond{b}"]
+    # each root holds 2 bonds and 2 GPUs: what the alignment tests rely on
+    gpus = d.devices(kube, GPU_DRIVER, NODE.name)
+    for r in {a["attrs"][d.ROOT] for a in devs.values()}:
+        assert sum(g["attrs"][d.ROOT] == r for g in gpus.values()) == 2
+        assert sum(b["attrs"][d.ROOT] == r for b in devs.values()) == 2
+
+
+def _tainted(bins: Binaries, dev: str) -> bool:
+    return bool(d.devices(bins, node=NODE.name).get(dev, {}).get("taints"))
+
+
+def test_a_bond_set_down_is_tainted_within_a_second_and_untainted_when_it_comes_back(kube: Binaries) -> None:
+    try:
+        t0 = time.monotonic()
+        topo.ip("link", "set", "bond5", "down", netns=NODE.netns)
+        w.wait("bond5 tainted", lambda: _tainted(kube, "bond5"), 10, 0.05)
+        took = time.monotonic() - t0
+        taint = d.devices(kube, node=NODE.name)["bond5"]["taints"][0]
+        assert taint["key"] == "rdma.tke.cloud.tencent.com/unhealthy" and taint["effect"] == "NoSchedule"
+        assert took < 1.0, f"tainted {took:.2f} s after the link went down"
+        assert not any(_tainted(kube, f"bond{b}") for b in range(topo.BONDS) if b != 5)
+    finally:
+        topo.ip("link", "set", "bond5", "up", netns=NODE.netns)
+    w.wait("bond5 untainted", lambda: not _tainted(kube, "bond5"), 10, 0.05)
+
+
+# --------------------------------------------------------------------------- the seed's pods, unchanged
+
+
+# --------------------------------------------------------------------------- GPU <-> NIC alignment
+
+
+def _one_root_claim(n: int) -> str:
+    """A pod whose one claim asks for n GPUs and n NICs all under one PCIe root."""
+    tmpl = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"one-root-{n}", "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpus", "exactly": {"deviceClassName": GPU_DRIVER, "count": n}},
+                        {"name": "nics", "exactly": {"deviceClassName": d.DRIVER, "count": n}},
+                    ],
+                    "constraints": [{"requests": ["gpus", "nics"], "matchAttribute": d.ROOT}],
+                }
+            }
+        },
+    }
+    p = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"one-root-{n}", "namespace": "default"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": w.TEST_IMAGE,
+                    "command": ["sleep", "1000000"],
+                    "resources": {"claims": [{"name": "c"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "c", "resourceClaimTemplateName": f"one-root-{n}"}],
+        },
+    }
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [tmpl, p]})
+
+
+def test_more_pairs_than_any_root_holds_stays_pending_with_the_schedulers_reason(kube: Binaries) -> None:
+    w.apply(kube, _one_root_claim(3))
+    try:
+        message = w.wait("one-root-3 unschedulable", lambda: d.unschedulable(kube, "one-root-3"), 60)
+        assert "cannot allocate all claims" in message, message
+        assert pod(kube, "one-root-3")["status"]["phase"] == "Pending"
+    finally:
+        kubectl(kube, "delete", "pod,resourceclaimtemplate", "one-root-3", "--wait=true", check=False)
+
+
+def test_a_claim_for_a_tainted_bond_is_not_allocated(kube: Binaries) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "wants-bond6", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "nic",
+                        "exactly": {
+                            "deviceClassName": d.DRIVER,
+                            "selectors": [
+                                {"cel": {"expression": f'device.attributes["{d.DRIVER}"].bond == "bond6"'}}
+                            ],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    p = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "wants-bond6", "namespace": "default"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": w.TEST_IMAGE,
+                    "command": ["sleep", "1000000"],
+                    "resources": {"claims": [{"name": "c"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "c", "resourceClaimName": "wants-bond6"}],
+        },
+    }
+    topo.ip("link", "set", "bond6", "down", netns=NODE.netns)
+    try:
+        w.wait("bond6 tainted", lambda: _tainted(kube, "bond6"), 10, 0.05)
+        w.apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, p]}))
+        message = w.wait("wants-bond6 unschedulable", lambda: d.unschedulable(kube, "wants-bond6"), 60)
+        assert "cannot allocate all claims" in message, message
+        alloc = json.loads(kubectl(kube, "get", "resourceclaim", "wants-bond6", "-o", "json").stdout)
+        assert not alloc.get("status", {}).get("allocation"), "never allocated while tainted"
+    finally:
+        kubectl(kube, "delete", "pod,resourceclaim", "wants-bond6", "--wait=true", check=False)
+        topo.ip("link", "set", "bond6", "up", netns=NODE.netns)
+    w.wait("bond6 untainted", lambda: not _tainted(kube, "bond6"), 10, 0.05)
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _driver_pid() -> int:
+    """The driver's process, found in the node's cgroup tree by its command line."""
+    for proc in os.listdir("/proc"):
+        if not proc.isdigit():
+            continue
+        try:
+            with open(f"/proc/{proc}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{proc}/cgroup") as f:
+                cg = f.read()
+        except OSError:
+            continue
+        if b"rdma-dra-driver" in argv and "/rcl-node1" in cg and argv[0].endswith(b"rdma-cni"):
+            return int(proc)
+    raise AssertionError("rdma-dra-driver is not running on the node")
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _registered_lines(bins: Binaries) -> list[str]:
+    (p,) = w.pods(bins, DS, "kube-system")
+    out = kubectl(
+        bins,
+        "logs",
+        "-n",
+        "kube-system",
+        p["metadata"]["name"],
+        "-c",
+        "rdma-dra-driver",
+        "--timestamps",
+        check=False,
+    ).stdout
+    return [line for line in out.splitlines() if "kubelet registered" in line]
+
+
+def _stamp(line: str) -> float:
+    """kubectl logs --timestamps' RFC 3339 stamp (UTC, nanoseconds) as epoch seconds."""
+    stamp = line.split()[0].rstrip("Z")
+    whole, _, frac = stamp.partition(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{frac or 0}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
+def test_the_kubelet_restarted_re_registers_the_driver_within_two_seconds(kube: Binaries, sig: int) -> None:
+    before = len(_registered_lines(kube))
+    sock = NODE.dir("/var/lib/kubelet") / "device-plugins" / "kubelet.sock"
+    cluster.restart(f"{NODE.name}/kubelet", sig)
+    lines = w.wait("the driver registered again", lambda: (ls := _registered_lines(kube))[before:] and ls, 30)
+    # from the new kubelet's first socket (its managers are up) to the driver's "kubelet registered"
+    took = _stamp(lines[before]) - sock.stat().st_ctime
+    assert took < 2.0, f"re-registered {took:.2f} s after the kubelet came back"
+
+
+def test_unprepare_of_an_unknown_claim_succeeds(kube: Binaries) -> None:
+    with grpc.insecure_channel(f"unix:{d.driver_socket(NODE)}") as ch:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+        uid = "0b0e8a4e-6d1f-4a9b-9f0e-3c2d1b0a9f8e"
+        req = dra_v1_pb2.NodeUnprepareResourcesRequest(
+            claims=[dra_v1_pb2.Claim(namespace="default", uid=uid, name="never-prepared")]
+        )
+        resp = stub.NodeUnprepareResources(req, timeout=10)
+    assert uid in resp.claims and resp.claims[uid].error == ""
