@@ -1,5 +1,7 @@
 """``rdma-dra-driver``: the DRA kubelet plugin for driver ``rdma.tke.cloud.tencent.com``, the same RDMA
-bonds the device plugin serves, through Dynamic Resource Allocation.
+devices the device plugin serves, through Dynamic Resource Allocation: the bonds of ``masters``, or,
+when ``--config`` lists pools (``pools:``, or Mellanox's ``config.json`` as it is), every device of
+every pool, each named by its pool (:mod:`rdma_cni.dra.table`).
 
     rdma-dra-driver [--config FILE] [--kubelet-root-dir DIR] [--sysfs-root DIR] [--dev-root DIR]
                     [--cni-conf FILE] [--node-name NAME] [--kubeconfig FILE] [--cdi-dir DIR]
@@ -7,8 +9,9 @@ bonds the device plugin serves, through Dynamic Resource Allocation.
 
 Runs in the node's network namespace (hostNetwork) until SIGTERM/SIGINT, then removes its sockets.
 The node name defaults to $NODE_NAME (the downward API), the API server to the pod's ServiceAccount.
-Exit codes: 0 after a signal, 2 for a bad config or flag (one sentence naming it and the fix), 1 when
-the node cannot run it (the kernel's RDMA netns mode is not ``shared``, or the first scan failed).
+Exit codes: 0 after a signal, 2 for a bad config or flag (one sentence naming it and the fix; also an
+HCA of an exclusive pool that another pool selects, as rdma-device-plugin refuses it), 1 when the node
+cannot run it (the kernel's RDMA netns mode is not ``shared``, or the first scan failed).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ FLAGS = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="rdma-dra-driver", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=None, help="the device plugin's config file (YAML or JSON): "
-                    "mode, sharedCount, env switches, kubeletRootDir ...; flags win over it")
+                    "mode, sharedCount, pools, env switches, kubeletRootDir ..., or Mellanox's "
+                    "config.json; flags win over it")
     for flag, key in FLAGS.items():
         ap.add_argument(flag, dest=key, default=None)
     ap.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
@@ -109,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     paths = daemon.DriverPaths.under(cfg.kubelet_root_dir, args.cdi_dir)
     try:
         daemon.run(cfg, paths, args.node_name, ResourceClient(api), stop)
+    except ConfigError as e:  # pools that overlap as the device plugin refuses them
+        _fail(2, str(e))
     except Exception as e:  # the first scan: a node we cannot read at all
         log.exception("DRA driver stopped")
         _fail(1, f"stopped: {e}")

@@ -5,16 +5,19 @@ The slices stay when the driver stops: a restart (an update, a crash) must not w
 devices from the scheduler; they go with the Node, their owner.
 
 Threads: the caller's thread watches the registration socket (re-served when something removed it:
-kubelet's plugin watcher only sees sockets that exist), the device plugin's
-:class:`~rdma_cni.deviceplugin.watch.HealthWatch` re-scans on every link/address event and on the
-rescan timer and wakes the publisher thread on a change, which writes the slices (and retries every
+kubelet's plugin watcher only sees sockets that exist), the watch (:class:`~.watch.NodeWatch`, the
+device plugin's scan) re-scans on every link/address event and on the rescan timer and wakes the
+publisher thread when the device table changed, which writes the slices (and retries every
 ``RETRY_S`` while the API server refuses or is away); gRPC has its own pools. Like the device
 plugin, the process never forks (gRPC's threads).
 
-The watch runs over the bonds of ``masters`` whatever the configured mode: the DRA devices are the
-bonds in both modes (shared mode makes them multi-allocatable instead of counting virtual devices).
-Pools with selectors and Mellanox's ``config.json`` are not served by this driver yet: their HCAs
-without a bond have no DRA device (it publishes the bonds and says so in the log).
+Every config form the device plugin takes is served (:mod:`.table` says how each becomes devices):
+without pools, the bonds of ``masters`` in both modes (TKE's ``mode: shared`` makes them
+multi-allocatable instead of counting virtual devices); with ``pools:`` or Mellanox's
+``config.json``, every member of every pool, bond or not, named by its pool. A config the device
+plugin refuses at start, this driver refuses too: an HCA of an exclusive pool that another pool
+selects stops the start with :class:`~rdma_cni.devices.errors.ConfigError` naming both (the CLI's
+exit 2); one that appears later is left out of the other pool, as there.
 
     run(cfg, DriverPaths.under(cfg.kubelet_root_dir), "node-a", api, stop)
 """
@@ -29,20 +32,20 @@ import threading
 from dataclasses import dataclass
 
 from rdma_cni.cni.errors import CniError
+from rdma_cni.deviceplugin.daemon import first_scan
 from rdma_cni.deviceplugin.registration import socket_inode
-from rdma_cni.deviceplugin.server import Board
-from rdma_cni.deviceplugin.watch import HealthWatch
 from rdma_cni.devices import cdi, inventory
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.facts import BondFacts, read_facts
-from rdma_cni.devices.model import Snapshot
-from rdma_cni.devices.pools import EXCLUSIVE, SHARED, PoolSnapshot
+from rdma_cni.devices.inventory import NodeScan
 from rdma_cni.dra import names
 from rdma_cni.dra.driver import Driver
 from rdma_cni.dra.kubeapi import ResourceClient
 from rdma_cni.dra.publish import SlicePublisher
 from rdma_cni.dra.service import Registration, serve_dra, serve_registration
-from rdma_cni.dra.slices import slice_specs
+from rdma_cni.dra.slices import table_specs
+from rdma_cni.dra.table import DeviceBoard, DeviceTable, scan_specs, table_for
+from rdma_cni.dra.watch import NodeWatch
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +69,6 @@ class DriverPaths:
                    os.path.join(plugin, "dra.sock"), os.path.join(plugin, "claims"), cdi_dir)
 
 
-def bond_config(cfg: PluginConfig) -> PluginConfig:
-    """``cfg`` as one exclusive pool over the bonds of masters: what the watch scans for DRA."""
-    return dataclasses.replace(cfg, mode=EXCLUSIVE, pools=())
-
-
 def sticky(before: dict[str, BondFacts], now: dict[str, BondFacts]) -> dict[str, BondFacts]:
     """``now``, keeping a bond's last known subnet while it has none: in exclusive mode the CNI lends
     the bond's address to the pod holding it, and the slice should not change at every pod start
@@ -85,9 +83,9 @@ def sticky(before: dict[str, BondFacts], now: dict[str, BondFacts]) -> dict[str,
 
 
 class Publisher:
-    """Publishes the board's snapshot whenever :meth:`changed` is called, on its own thread."""
+    """Publishes the board's table whenever :meth:`changed` is called, on its own thread."""
 
-    def __init__(self, cfg: PluginConfig, board: Board, slices: SlicePublisher) -> None:
+    def __init__(self, cfg: PluginConfig, board: DeviceBoard, slices: SlicePublisher) -> None:
         self._cfg = cfg
         self._board = board
         self._slices = slices
@@ -96,18 +94,15 @@ class Publisher:
         self.failures = 0
         self._facts: dict[str, BondFacts] = {}
 
-    def changed(self, _name: str = "", _snap: PoolSnapshot | None = None) -> None:
+    def changed(self) -> None:
         self._wake.set()
 
     def once(self) -> bool:
-        """One publish of the current snapshot; False (logged) when the API server failed it."""
-        _, snap = self._board.current()
-        assert isinstance(snap, Snapshot)
-        shares = self._cfg.shared_count if self._cfg.mode == SHARED else None
+        """One publish of the current table; False (logged) when the API server failed it."""
+        _, table = self._board.current()
         try:
-            self._facts = sticky(self._facts, read_facts(self._cfg, snap.bonds))
-            specs = slice_specs(self._slices.node, snap, self._facts, shares)
-            self._slices.publish(specs)
+            self._facts = sticky(self._facts, read_facts(self._cfg, table.bonds()))
+            self._slices.publish(table_specs(self._slices.node, table, self._facts))
         except CniError as e:
             self.failures += 1
             log.warning("publishing ResourceSlices failed (%s); retrying in %gs", e.msg, RETRY_S)
@@ -127,20 +122,36 @@ class Publisher:
             self._wake.wait(REFRESH_S if ok else RETRY_S)
 
 
-def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, stop: threading.Event) -> None:
+def start_scan(cfg: PluginConfig) -> NodeScan:
+    """The first scan: with pools, the device plugin's own (it refuses an HCA of an exclusive pool in
+    another pool with a ConfigError and logs each pool); without, the bonds of masters."""
     if cfg.pools:
-        log.warning("the config lists pools: the DRA driver publishes the RDMA bonds of masters only")
-    watch_cfg = bond_config(cfg)
-    first = inventory.scan_pools(watch_cfg, watch_cfg.pool_specs())
-    board = Board(first.bonds)
-    log.info("%d RDMA bonds (%d healthy), %s mode: %s", len(first.bonds.bonds),
-             sum(h.healthy for h in first.bonds.health), cfg.mode,
-             ", ".join(f"{b.id}={b.netdev}/numa{b.numa}/{b.pcie_root}" for b in first.bonds.bonds) or "none")
+        return first_scan(cfg)
+    return inventory.scan_pools(cfg, scan_specs(cfg))
+
+
+def _log_devices(cfg: PluginConfig, first: NodeScan, table: DeviceTable) -> None:
+    if not cfg.pools:
+        bonds = first.bonds
+        listed = ", ".join(f"{b.id}={b.netdev}/numa{b.numa}/{b.pcie_root}" for b in bonds.bonds)
+        log.info("%d RDMA bonds (%d healthy), %s mode: %s", len(bonds.bonds),
+                 sum(h.healthy for h in bonds.health), cfg.mode, listed or "none")
+        return
+    log.info("%d devices from %d pools (%d healthy): %s", len(table.devices), len(cfg.pools),
+             sum(d.health.healthy for d in table.devices),
+             ", ".join(f"{d.name}={d.device.id}/{d.pool}/numa{d.device.numa}/{d.device.pcie_root}"
+                       for d in table.devices) or "none")
+
+
+def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, stop: threading.Event) -> None:
+    first = start_scan(cfg)
+    board = DeviceBoard(table_for(cfg, first))
+    _log_devices(cfg, first, board.current()[1])
     driver = Driver(cfg, node, board, api, paths.state, paths.cdi_dir)
     for path in driver.sweep_orphans():
         log.info("removed %s: a CDI spec of ours that no prepared claim names", path)
     publisher = Publisher(cfg, board, SlicePublisher(api, node))
-    watch = HealthWatch(watch_cfg, {watch_cfg.resource_name: board}, first, on_change=publisher.changed)
+    watch = NodeWatch(cfg, board, first, on_change=publisher.changed)
     threads = [threading.Thread(target=watch.run, args=(stop,), name="dra-health", daemon=True),
                threading.Thread(target=publisher.run, args=(stop,), name="dra-publish", daemon=True)]
     for t in threads:

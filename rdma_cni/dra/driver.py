@@ -7,11 +7,16 @@ Prepare of one claim, top to bottom:
    calls again after its own restart);
 2. GET the claim from the API server; its UID must be the one kubelet named (a claim deleted and
    re-created under the same name is another claim);
-3. the results allocated to this driver in this node's pool; each device name -> the bond
-   (:func:`~rdma_cni.dra.names.device_names`, the mapping the slices were published with);
-4. the model's answer for those bonds, the one the device plugin's Allocate gives
-   (:func:`rdma_cni.devices.allocation.allocate`: device nodes, NCCL/UCX env, the GID index env in
-   exclusive mode only), refused for an unknown or Unhealthy bond before anything is written;
+3. the results allocated to this driver in this node's pool; each device name -> its device in the
+   driver's table (:mod:`.table`, the one the slices were published from): a bond, or any HCA a
+   pool of the config holds;
+4. the model's answer for those devices, the one the device plugin's Allocate gives
+   (:func:`rdma_cni.devices.allocation.allocate`: each device's ``uverbsN`` and its ``umadN``/``issmN``
+   where the host has them, ``rdma_cm``, ``NCCL_IB_HCA``/``UCX_NET_DEVICES`` naming its HCAs),
+   refused for an unknown or Unhealthy device before anything is written. The GID index env
+   (``NCCL_IB_GID_INDEX``, the host's RoCE v2 index) only when every device is a bond of an
+   exclusive pool: a shared device's pod gets a GID index of its own (its ipvlan's), and an HCA
+   outside the bonds has none in the model, as the device plugin's shared pools give none;
 5. write-ahead record (``preparing``), the CDI spec (one rename), the ``prepared`` record.
 
 A kill -9 anywhere leaves either nothing, a ``preparing`` record (with or without a whole spec), or
@@ -37,11 +42,9 @@ from typing import Any, Protocol
 import grpc
 
 from rdma_cni.cni.errors import CniError
-from rdma_cni.deviceplugin.server import Board
 from rdma_cni.devices import allocation, cdi
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.model import Snapshot
-from rdma_cni.devices.pools import SHARED
 from rdma_cni.dra import claims, names
 from rdma_cni.dra.prepared import (
     PREPARED,
@@ -51,6 +54,7 @@ from rdma_cni.dra.prepared import (
     PreparedDevice,
     valid_uid,
 )
+from rdma_cni.dra.table import DeviceTable, DraDevice, Source, as_table, default_shares
 from rdma_cni.failpoints import Failpoints
 
 log = logging.getLogger(__name__)
@@ -88,13 +92,13 @@ PrepareResult = list[PreparedDevice] | ClaimError
 
 
 class Driver:
-    def __init__(self, cfg: PluginConfig, node: str, board: Board, api: ClaimReader, state_dir: str,
+    def __init__(self, cfg: PluginConfig, node: str, board: Source, api: ClaimReader, state_dir: str,
                  cdi_dir: str = cdi.SPEC_DIR, failpoints: Failpoints | None = None) -> None:
         self._cfg = cfg
-        # Shared mode: every pod has a GID index of its own (its ipvlan's), so no GID index env, as
-        # the device plugin's shared pools give none (rdma_cni.devices.shared).
-        self._alloc_cfg = (dataclasses.replace(cfg, env_nccl_ib_gid_index=False, env_ucx_ib_gid_index=False)
-                           if cfg.mode == SHARED else cfg)
+        # A shared device: every pod has a GID index of its own (its ipvlan's), so no GID index env,
+        # as the device plugin's shared pools give none (rdma_cni.devices.shared).
+        self._shared_cfg = dataclasses.replace(cfg, env_nccl_ib_gid_index=False, env_ucx_ib_gid_index=False)
+        self._shares = default_shares(cfg)  # a board of one bond snapshot: the default form's
         self.node = node
         self._board = board
         self._api = api
@@ -157,36 +161,58 @@ class Driver:
         except claims.ClaimShapeError as e:
             raise ClaimError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None
-        _, snap = self._board.current()
-        if not isinstance(snap, Snapshot):
-            raise ClaimError(grpc.StatusCode.INTERNAL, "the driver's device list is not one of bonds")
-        by_name = {v: k for k, v in names.device_names([(b.id, b.netdev) for b in snap.bonds]).items()}
-        unknown = [a.device for a in ours if a.device not in by_name]
+        table = self._table()
+        unknown = [a.device for a in ours if a.device not in table.by_name]
         if unknown:
-            raise ClaimError(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"devices {unknown} are not on node {self.node} (devices: {sorted(by_name)})")
-        bond_ids = [by_name[a.device] for a in ours]
-        # The model's answer first: a bond it refuses (Unhealthy) fails the claim before anything is
-        # written.
-        alloc = allocation.allocate(snap, bond_ids, self._alloc_cfg) if ours else None
+            raise ClaimError(grpc.StatusCode.FAILED_PRECONDITION, f"devices {unknown} are not on node "
+                             f"{self.node} (devices: {sorted(table.by_name)})")
+        chosen = [table.by_name[a.device] for a in ours]
+        # The model's answer first: a device it refuses (Unhealthy) fails the claim before anything
+        # is written.
+        alloc = self._allocate(table, chosen) if ours else None
         self.records.put(PreparedClaim(ref.uid, ref.namespace, ref.name, PREPARING, ()))
         self._fp.hit(FP_WRITE_AHEAD)
-        devices = self._write_spec(ref.uid, bond_ids, snap, ours, alloc)
+        devices = self._write_spec(ref.uid, table, chosen, ours, alloc)
         self._fp.hit(FP_SPEC_WRITTEN)
         self.records.put(PreparedClaim(ref.uid, ref.namespace, ref.name, PREPARED, tuple(devices)))
         log.info("prepared claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid,
                  ", ".join(f"{d.device}" for d in devices) or "no device of ours")
         return devices
 
-    def _write_spec(self, uid: str, bond_ids: list[str], snap: Snapshot, ours: list[claims.Allocated],
+    def _table(self) -> DeviceTable:
+        _, value = self._board.current()
+        table = as_table(value, self._shares)
+        if table is None:
+            raise ClaimError(grpc.StatusCode.INTERNAL, "the driver's device list is not one it knows")
+        return table
+
+    @staticmethod
+    def _carried(table: DeviceTable, chosen: Sequence[DraDevice]) -> list[DraDevice]:
+        """Each RDMA device of ``chosen`` once (a claim may hold one HCA through two pools), in the
+        table's order: the order its nodes go into the spec."""
+        pick: dict[str, DraDevice] = {}
+        for d in chosen:
+            pick.setdefault(d.device.id, d)
+        order = dict.fromkeys(d.device.id for d in table.devices if d.device.id in pick)
+        return [pick[i] for i in order]
+
+    def _allocate(self, table: DeviceTable, chosen: Sequence[DraDevice]) -> allocation.ContainerAllocation:
+        carried = self._carried(table, chosen)
+        snap = Snapshot(tuple(d.device for d in carried), tuple(d.health for d in carried))
+        exclusive = all(d.shares is None for d in chosen)
+        return allocation.allocate(snap, [d.device.id for d in carried],
+                                   self._cfg if exclusive else self._shared_cfg)
+
+    def _write_spec(self, uid: str, table: DeviceTable, chosen: Sequence[DraDevice],
+                    ours: list[claims.Allocated],
                     alloc: allocation.ContainerAllocation | None) -> list[PreparedDevice]:
         if alloc is None:  # a claim with nothing of ours on this node: nothing to hand out
             cdi.remove_spec(self.cdi_dir, names.CDI_KIND, uid)
             return []
-        bonds = [b for b in snap.bonds if b.id in set(bond_ids)]
-        ids = cdi.write_spec(self.cdi_dir, names.CDI_KIND, uid, alloc, bonds)
-        return [PreparedDevice(a.request, self.node, a.device, (ids[bond_id],), a.share_id)
-                for a, bond_id in zip(ours, bond_ids, strict=True)]
+        carried = [d.device for d in self._carried(table, chosen)]
+        ids = cdi.write_spec(self.cdi_dir, names.CDI_KIND, uid, alloc, carried)
+        return [PreparedDevice(a.request, self.node, a.device, (ids[d.device.id],), a.share_id)
+                for a, d in zip(ours, chosen, strict=True)]
 
     def _spec_present(self, uid: str, rec: PreparedClaim) -> bool:
         return not rec.devices or os.path.exists(cdi.spec_path(self.cdi_dir, names.CDI_KIND, uid))

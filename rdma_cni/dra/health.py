@@ -1,6 +1,7 @@
 """kubelet's device health stream (``DRAResourceHealth`` v1 and v1alpha1, ``NodeWatchResources``): the
-health the device model gives each bond, as kubelet shows it in the pod status
-(``allocatedResourcesStatus``) of the pods holding it.
+health the device model gives each device of the driver's table (:mod:`.table`: a bond's, or a pool
+member HCA's), as kubelet shows it in the pod status (``allocatedResourcesStatus``) of the pods
+holding it.
 
 The stream sends every device at once, then again on every change the health watch publishes to the
 board, and at least every ``RESEND_S`` seconds: kubelet marks a device Unknown when its last report
@@ -19,9 +20,7 @@ from typing import Any
 
 import grpc
 
-from rdma_cni.deviceplugin.server import Board
-from rdma_cni.devices.model import Snapshot
-from rdma_cni.dra import names
+from rdma_cni.dra.table import DeviceTable, Source, as_table
 from rdma_cni.proto import (
     drahealth_v1_pb2,
     drahealth_v1_pb2_grpc,
@@ -35,41 +34,41 @@ TIMEOUT_S = 30  # three missed resends before kubelet calls a device Unknown
 POLL_S = 0.5
 
 
-def health_response(snap: Snapshot, node: str, pb: ModuleType, now: float) -> Any:
-    by_id = names.device_names([(b.id, b.netdev) for b in snap.bonds])
+def health_response(table: DeviceTable, node: str, pb: ModuleType, now: float) -> Any:
     out = pb.NodeWatchResourcesResponse()
-    for bond in snap.bonds:
-        health = snap.health_of(bond.id)
-        ok = health is not None and health.healthy
+    for dev in table.devices:
+        ok = dev.health.healthy
         out.devices.add(
-            device=pb.DeviceIdentifier(pool_name=node, device_name=by_id[bond.id]),
+            device=pb.DeviceIdentifier(pool_name=node, device_name=dev.name),
             health=pb.HEALTHY if ok else pb.UNHEALTHY,
             last_updated_time=int(now),
             health_check_timeout_seconds=TIMEOUT_S,
-            message="" if ok or health is None else health.reason,
+            message="" if ok else dev.health.reason,
         )
     return out
 
 
-def watch(board: Board, node: str, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
+def watch(board: Source, node: str, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
     context.add_callback(board.poke)  # a cancelled client wakes the stream at once
-    seen, snap = board.current()
+    seen, value = board.current()
     sent = time.monotonic()
-    if isinstance(snap, Snapshot):
-        yield health_response(snap, node, pb, time.time())
+    table = as_table(value)
+    if table is not None:
+        yield health_response(table, node, pb, time.time())
     while context.is_active():
         newer = board.wait_newer(seen, POLL_S)
         if newer is not None:
-            seen, snap = newer
+            seen, value = newer
+            table = as_table(value)
         elif time.monotonic() - sent < RESEND_S:
             continue
-        if isinstance(snap, Snapshot):
+        if table is not None:
             sent = time.monotonic()
-            yield health_response(snap, node, pb, time.time())
+            yield health_response(table, node, pb, time.time())
 
 
 class HealthV1(drahealth_v1_pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, board: Board, node: str) -> None:
+    def __init__(self, board: Source, node: str) -> None:
         self._board, self._node = board, node
 
     def NodeWatchResources(
@@ -79,7 +78,7 @@ class HealthV1(drahealth_v1_pb2_grpc.DRAResourceHealthServicer):
 
 
 class HealthV1alpha1(drahealth_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, board: Board, node: str) -> None:
+    def __init__(self, board: Source, node: str) -> None:
         self._board, self._node = board, node
 
     def NodeWatchResources(
@@ -88,6 +87,6 @@ class HealthV1alpha1(drahealth_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
         return watch(self._board, self._node, drahealth_v1alpha1_pb2, context)
 
 
-def add_to_server(board: Board, node: str, server: grpc.Server) -> None:
+def add_to_server(board: Source, node: str, server: grpc.Server) -> None:
     drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthV1(board, node), server)
     drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthV1alpha1(board, node), server)

@@ -61,3 +61,9 @@ def device_names(netdevs: list[tuple[str, str]]) -> dict[str, str]:
         taken.add(name)
         out[device_id] = name
     return out
+
+
+# The config pool a device is of (``pools:`` or Mellanox's configList): its resource name, so a
+# DeviceClass per pool selects ``device.attributes["rdma.tke.cloud.tencent.com"].pool == "rdma/ib"``.
+# Left out in the default form (no pools listed: one pool).
+POOL = "pool"

@@ -25,9 +25,9 @@ from typing import Any
 
 import grpc
 
-from rdma_cni.deviceplugin.server import Board
 from rdma_cni.dra import health, names
 from rdma_cni.dra.driver import ClaimError, ClaimRef, Driver
+from rdma_cni.dra.table import Source
 from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from rdma_cni.proto import pluginregistration_v1_pb2 as reg_pb
 from rdma_cni.proto import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -138,7 +138,7 @@ def _server(prefix: str) -> grpc.Server:
     return grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix=prefix))
 
 
-def serve_dra(driver: Driver, socket_path: str, board: Board | None = None) -> grpc.Server:
+def serve_dra(driver: Driver, socket_path: str, board: Source | None = None) -> grpc.Server:
     """Both DRA service versions on ``socket_path`` and, given the board, the health stream
     (:mod:`.health`) beside them (RuntimeError when it cannot bind)."""
     server = _server("dra-grpc")
