@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from rdma_cni.devices import hca as hca_inventory
 from rdma_cni.devices import pools as pools_model
+from rdma_cni.devices.bonds import bond_ports
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.hca import Hca, mad_devices, read_text
 from rdma_cni.devices.health import HcaObservation, Holder, Observation, evaluate, evaluate_hca
@@ -81,26 +82,11 @@ def numa_of(sysfs_root: str, device: str) -> int | None:
     return value if value >= 0 else None
 
 
-def _bond_netdevs(cfg: PluginConfig, ports: list[sysfs.RdmaPort]) -> list[str]:
-    if cfg.masters is not None:
-        return list(cfg.masters)
-    return sysfs.default_masters(cfg.sysfs_root, ports)
-
-
 def discover(cfg: PluginConfig, previous: Snapshot | None = None) -> tuple[RdmaBond, ...]:
     """The devices to advertise, in natural order of their IDs (see the module doc for ``previous``)."""
     found: dict[str, RdmaBond] = {}
-    every = sysfs.list_ports(cfg.sysfs_root)
-    ports = {p.netdev: p for p in reversed(every) if p.netdev}
     mads = mad_devices(cfg.sysfs_root)
-    for netdev in _bond_netdevs(cfg, every):
-        # One read of every port; port_for_netdev only for a bond found through its netdev's links.
-        port = ports.get(netdev) or sysfs.port_for_netdev(cfg.sysfs_root, netdev)
-        if port is None:
-            log.debug("%s has no RDMA device under %s", netdev, cfg.sysfs_root)
-            continue
-        if port.device in found:
-            continue  # a second port of the same device: one device, its first bond
+    for netdev, port in bond_ports(cfg.sysfs_root, cfg.masters):
         umad, issm = mads.get((port.device, port.port), ((), ()))
         found[port.device] = RdmaBond(
             id=port.device,

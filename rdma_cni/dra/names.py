@@ -11,9 +11,12 @@ label, taint effects ``None``/``NoSchedule``/``NoExecute``.
 
 from __future__ import annotations
 
-import re
+# The driver name and the bond -> device name mapping live in the device model, where rdma-multus
+# (policy too, so never importing this package) reads them as well.
+from rdma_cni.devices.dra_names import DRIVER, device_name, device_names
 
-DRIVER = "rdma.tke.cloud.tencent.com"
+__all__ = ["DRIVER", "device_name", "device_names"]
+
 API_VERSION = "resource.k8s.io/v1"
 
 # Standard attributes (kubernetes.io "DRA standard device attributes"): what a claim aligns GPUs
@@ -35,32 +38,6 @@ MAX_STRING = 64
 
 # CDI: vendor/class of the devices this driver hands out (spec files <vendor>-<class>_<uid>.json).
 CDI_KIND = f"{DRIVER}/bond"
-
-_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
-
-
-def device_name(bond_netdev: str) -> str:
-    """The DRA device name of a bond: its netdev name as a DNS label (``bond0``; ``Bond_A`` ->
-    ``bond-a``), at most 63 characters."""
-    label = _NOT_LABEL.sub("-", bond_netdev.lower()).strip("-")[:63].strip("-")
-    return label or "bond"
-
-
-def device_names(netdevs: list[tuple[str, str]]) -> dict[str, str]:
-    """device ID -> DRA device name for ``(device ID, bond netdev)`` pairs in the model's order; two
-    netdevs that give the same label (``bond_a``, ``bond-a``) are told apart by a suffix, the later
-    one in the model's order taking it, so the mapping is the same on every scan of the same node."""
-    out: dict[str, str] = {}
-    taken: set[str] = set()
-    for device_id, netdev in netdevs:
-        name = base = device_name(netdev)
-        n = 1
-        while name in taken:
-            n += 1
-            name = f"{base[: 63 - len(str(n)) - 1]}-{n}"
-        taken.add(name)
-        out[device_id] = name
-    return out
 
 
 # The config pool a device is of (``pools:`` or Mellanox's configList): its resource name, so a
