@@ -13,6 +13,33 @@ module costs nothing; only a call does, and only in the process (worker) that ma
 
     ids = pod_devices(socket_path("/var/lib/kubelet/pod-resources"), "default", "ibv-app-0", 3.0)
     # {"tke.cloud.tencent.com/tke-shared-rdma": ["mlx5_bond_1", "mlx5_bond_3"]}, or None: no socket
+    got = pod_allocation(socket_path("/var/lib/kubelet/pod-resources"), "default", "ibv-app-0")
+    got.claims  # (ClaimDevice("default", "rdma", "rdma.tke.cloud.tencent.com", "node-1", "bond1", ""), ...)
+
+DRA devices (``ContainerResources.dynamic_resources``, GA with DRA in 1.34). What kubelet 1.37.2 puts
+there, read in k8s.io/kubernetes@v1.37.2:
+
+- ``pkg/kubelet/cm/container_manager_linux.go`` ``GetDynamicResources``: for each claim a container
+  uses, one ``DynamicResource{claim_name, claim_namespace}`` with one ``ClaimResource{driver_name,
+  pool_name, device_name, share_id, cdi_devices}`` per prepared device, from kubelet's claim cache
+  (what the drivers' NodePrepareResources answered). Its ``cdi_devices`` slice is shared across the
+  devices of one driver, so a later device also lists the earlier ones' CDI IDs: the device is
+  known by ``device_name`` only, never by its CDI IDs.
+- ``pkg/kubelet/cm/dra/manager.go`` ``GetContainerClaimInfos``: the claims a container uses are
+  those of ``pod.spec.resourceClaims`` that the container names in ``resources.claims`` (a claim no
+  container names is prepared but not reported), plus, with ``DRAExtendedResource`` (GA and locked
+  in 1.37), **the special claim of KEP-5004**: a pod asking for an extended resource served by a
+  DeviceClass's ``extendedResourceName`` (``tke.cloud.tencent.com/tke-shared-rdma: 4``, unchanged)
+  gets one claim for all such resources, named ``pod.status.extendedResourceClaimStatus
+  .resourceClaimName`` (the scheduler creates it with ``generateName: <pod name>-extended-resources-``,
+  ``pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go``), reported as a
+  ``DynamicResource`` of that name in every container its ``requestMappings`` name — never as
+  ``devices`` under the resource name: ``pkg/kubelet/cm/devicemanager/manager.go`` skips a
+  DRA-backed extended resource (``isDRAExtendedResource``), so the device manager, and with it
+  ``ContainerDevices``, never holds it.
+
+So a pod's DRA devices are the union of every container's claim resources, each claim once
+whichever containers share it (:class:`PodAllocation` ``claims``).
 """
 
 from __future__ import annotations
@@ -50,6 +77,30 @@ class Allocatable:
     numa: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One device of a DRA claim kubelet prepared for the pod (PodResources ``ClaimResource``, or
+    kubelet's DRA checkpoint): which claim, which driver, and the device by pool and name."""
+
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str = ""  # the allocation's share of a multi-allocatable device; "" for a whole device
+
+
+@dataclass(frozen=True)
+class PodAllocation:
+    """Everything kubelet allocated to one pod: device-plugin IDs by resource, and DRA devices."""
+
+    devices: dict[str, list[str]]
+    claims: tuple[ClaimDevice, ...] = ()
+
+    def of_driver(self, driver: str) -> list[ClaimDevice]:
+        return [c for c in self.claims if c.driver == driver]
+
+
 def socket_path(pod_resources_dir: str) -> str:
     return os.path.join(pod_resources_dir, SOCKET_NAME)
 
@@ -69,6 +120,15 @@ def pod_devices(socket: str, namespace: str, name: str, timeout: float = DEFAULT
     """Resource name -> device IDs kubelet allocated to the pod (every container, in order, each ID
     once); None when the socket is absent or kubelet does not know the pod. Raises CniError
     (KUBE_API_FAILURE) naming the socket and what to check when kubelet cannot be asked."""
+    got = pod_allocation(socket, namespace, name, timeout)
+    return None if got is None else got.devices
+
+
+def pod_allocation(socket: str, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT) -> (
+    PodAllocation | None
+):  # fmt: skip
+    """The pod's device-plugin devices (as :func:`pod_devices`) and DRA claim devices, from one
+    question to kubelet; None when the socket is absent or kubelet does not know the pod."""
     if not available(socket):
         return None
 
@@ -90,7 +150,7 @@ def pod_devices(socket: str, namespace: str, name: str, timeout: float = DEFAULT
         return None
 
     pod = _call(socket, timeout, f"the devices of pod {namespace}/{name}", ask)
-    return None if pod is None else _devices_of(pod)
+    return None if pod is None else PodAllocation(_devices_of(pod), _claims_of(pod))
 
 
 def list_pods(socket: str, timeout: float = DEFAULT_TIMEOUT) -> dict[PodKey, dict[str, list[str]]]:
@@ -124,6 +184,21 @@ def _devices_of(pod: pb.PodResources) -> dict[str, list[str]]:
             ids = out.setdefault(dev.resource_name, [])
             ids.extend(i for i in dev.device_ids if i not in ids)
     return out
+
+
+def _claims_of(pod: pb.PodResources) -> tuple[ClaimDevice, ...]:
+    """Every container's DRA devices, each once: a claim shared by several containers (or the
+    extended-resource claim, reported in each container that asked for the resource) is reported
+    whole in each of them."""
+    out: dict[ClaimDevice, None] = {}
+    for container in pod.containers:
+        for claim in container.dynamic_resources:
+            for res in claim.claim_resources:
+                share = res.share_id if res.HasField("share_id") else ""
+                key = ClaimDevice(claim.claim_namespace, claim.claim_name, res.driver_name, res.pool_name,
+                                  res.device_name, share)  # fmt: skip
+                out.setdefault(key, None)
+    return tuple(out)
 
 
 def _call(socket: str, timeout: float, what: str, ask: Callable[[PodResourcesListerStub, Any], _T]) -> _T:

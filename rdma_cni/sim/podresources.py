@@ -13,6 +13,9 @@ message. Every call is recorded in ``calls`` by its method name.
     with PodResourcesServer(sock) as kubelet:
         kubelet.set_pod("default", "ibv-app-0", {"trainer": {RESOURCE: ["mlx5_bond_1", "mlx5_bond_3"]}})
         kubelet.set_allocatable(RESOURCE, {"mlx5_bond_0": 0, "mlx5_bond_1": 0})
+        # a DRA pod: its containers' claims (ContainerResources.dynamic_resources), as kubelet >= 1.34
+        kubelet.set_pod("default", "dra-0", {"trainer": {}},
+                        claims={"trainer": [claim("default", "rdma", device(DRIVER, "node-1", "bond1"))]})
 
 A test kubelet that serves other APIs too adds this one to its own server: ``add_to(server)``.
 """
@@ -33,6 +36,18 @@ SERVICE = "v1.PodResourcesLister"
 GET_DISABLED = "PodResources API Get method disabled"  # what kubelet answers with the gate off
 
 
+def device(driver: str, pool: str, name: str, share_id: str | None = None) -> pb.ClaimResource:
+    """One prepared device of a claim, as kubelet reports it (``share_id``: a shared allocation)."""
+    cdi = [pb.CDIDevice(name=f"{driver}/bond={pool}-{name}")]
+    return pb.ClaimResource(cdi_devices=cdi, driver_name=driver, pool_name=pool, device_name=name,
+                            share_id=share_id)  # fmt: skip
+
+
+def claim(namespace: str, name: str, *devices: pb.ClaimResource) -> pb.DynamicResource:
+    """One claim of a container (a KEP-5004 extended-resource claim is one too, by its own name)."""
+    return pb.DynamicResource(claim_namespace=namespace, claim_name=name, claim_resources=devices)
+
+
 class PodResourcesServer:
     def __init__(self, socket: str, get: str = "enabled", malformed: bool = False) -> None:
         if get not in ("enabled", "disabled", "absent"):
@@ -43,6 +58,7 @@ class PodResourcesServer:
         self.calls: list[str] = []
         # (namespace, name) -> container -> resource -> device IDs, in pod-spec order
         self._pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+        self._claims: dict[tuple[str, str], dict[str, list[pb.DynamicResource]]] = {}  # container -> claims
         self._allocatable: dict[str, dict[str, int | None]] = {}  # resource -> device -> NUMA
         self._numa: dict[str, int | None] = {}
         self._lock = threading.Lock()
@@ -50,15 +66,23 @@ class PodResourcesServer:
 
     # ------------------------------------------------------------ what kubelet allocated
     def set_pod(
-        self, namespace: str, name: str, containers: Mapping[str, Mapping[str, Sequence[str]]]
+        self,
+        namespace: str,
+        name: str,
+        containers: Mapping[str, Mapping[str, Sequence[str]]],
+        claims: Mapping[str, Sequence[pb.DynamicResource]] | None = None,
     ) -> None:
+        """``containers``: container -> resource -> device IDs; ``claims``: container -> the DRA
+        claims kubelet reports for it (:func:`claim`), every container listed in ``containers``."""
         with self._lock:
             self._pods[(namespace, name)] = {c: {r: list(ids) for r, ids in res.items()}
                                              for c, res in containers.items()}  # fmt: skip
+            self._claims[(namespace, name)] = {c: list(found) for c, found in (claims or {}).items()}
 
     def remove_pod(self, namespace: str, name: str) -> None:
         with self._lock:
             self._pods.pop((namespace, name), None)
+            self._claims.pop((namespace, name), None)
 
     def set_allocatable(self, resource: str, devices: Mapping[str, int | None]) -> None:
         """``devices``: ID -> NUMA node (None: no topology, like a device with numa_node -1)."""
@@ -115,14 +139,14 @@ class PodResourcesServer:
 
         return grpc.unary_unary_rpc_method_handler(respond)
 
-    def _containers(
-        self, containers: Mapping[str, Mapping[str, Sequence[str]]]
-    ) -> list[pb.ContainerResources]:
+    def _containers(self, pod: tuple[str, str]) -> list[pb.ContainerResources]:
         out = []
-        for cname, resources in containers.items():
+        claims = self._claims.get(pod, {})
+        for cname, resources in self._pods[pod].items():
             devices = [pb.ContainerDevices(resource_name=r, device_ids=ids, topology=self._topology(ids))
                        for r, ids in resources.items()]  # fmt: skip
-            out.append(pb.ContainerResources(name=cname, devices=devices))
+            dra = claims.get(cname, [])
+            out.append(pb.ContainerResources(name=cname, devices=devices, dynamic_resources=dra))
         return out
 
     def _topology(self, ids: Sequence[str]) -> pb.TopologyInfo | None:
@@ -131,20 +155,20 @@ class PodResourcesServer:
 
     def _list(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext) -> Any:
         with self._lock:
-            pods = [pb.PodResources(name=name, namespace=ns, containers=self._containers(c))
-                    for (ns, name), c in self._pods.items()]  # fmt: skip
+            pods = [pb.PodResources(name=name, namespace=ns, containers=self._containers((ns, name)))
+                    for ns, name in self._pods]  # fmt: skip
         return pb.ListPodResourcesResponse(pod_resources=pods)
 
     def _get(self, request: pb.GetPodResourcesRequest, context: grpc.ServicerContext) -> Any:
         if self.get == "disabled":
             context.abort(grpc.StatusCode.UNKNOWN, GET_DISABLED)
         with self._lock:
-            containers = self._pods.get((request.pod_namespace, request.pod_name))
-            if containers is None:
+            key = (request.pod_namespace, request.pod_name)
+            if key not in self._pods:
                 why = f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
                 context.abort(grpc.StatusCode.UNKNOWN, why)
             pod = pb.PodResources(name=request.pod_name, namespace=request.pod_namespace,
-                                  containers=self._containers(containers))  # fmt: skip
+                                  containers=self._containers(key))  # fmt: skip
         return pb.GetPodResourcesResponse(pod_resources=pod)
 
     def _allocatable_resources(

@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni import log as rdma_log
 from rdma_cni.cni import conflist
@@ -34,6 +34,8 @@ from rdma_cni.cni.invoke import find_plugin
 from rdma_cni.cni.request import Attachment, Request
 from rdma_cni.cni.result import Result
 from rdma_cni.cni.result import parse as parse_result
+from rdma_cni.devices.dra_names import DRIVER
+from rdma_cni.plugins.multus import claims
 from rdma_cni.plugins.multus import status as multus_status
 from rdma_cni.plugins.multus.config import MultusConfig, parse_cleanup_config, parse_config
 from rdma_cni.plugins.multus.delegates import Delegate, DelegateRunner, gc_network, status_network
@@ -41,6 +43,9 @@ from rdma_cni.plugins.multus.nad import load_network
 from rdma_cni.plugins.multus.networks import NetworkSelection
 from rdma_cni.plugins.multus.plan import AttachmentPlan, PlanStore
 from rdma_cni.plugins.multus.pod import CRI_ANNOTATIONS, PodView
+
+if TYPE_CHECKING:
+    from rdma_cni.kube.podresources import ClaimDevice
 
 log = logging.getLogger("rdma_cni.multus")
 
@@ -296,13 +301,15 @@ EXCLUSIVE_NETWORK = "tke-rdma-macvlan"
 
 def _check_shared_devices(cfg: MultusConfig, pod: PodView, network: str, resource: str) -> None:
     """A shared-mode network without the shared pool's devices still gets its interfaces (they
-    carry TCP fine), but the pod sees no RDMA device: a WARN, judged from the checkpoint only."""
-    if pod.annotation_read and not pod.checkpoint_devices().get(resource):
-        log.warning(
-            "pod %s/%s names network %s but holds no %s device: it gets its interfaces, but will see no "
-            "RDMA device (request the resource %s in the pod spec)",
-            pod.namespace, pod.name, network, resource, resource,
-        )  # fmt: skip
+    carry TCP fine), but the pod sees no RDMA device: a WARN, judged from the checkpoints only
+    (kubelet's answer when it was already asked), a DRA claim of our driver counting as devices."""
+    if not pod.annotation_read or pod.checkpoint_devices().get(resource) or pod.checkpoint_claim_devices():
+        return
+    log.warning(
+        "pod %s/%s names network %s but holds no %s device: it gets its interfaces, but will see no "
+        "RDMA device (request the resource %s in the pod spec, or a DRA claim of %s)",
+        pod.namespace, pod.name, network, resource, resource, DRIVER,
+    )  # fmt: skip
 
 
 def _rdma_network_hint(cfg: MultusConfig) -> str:
@@ -325,7 +332,7 @@ def _check_unclaimed_devices(cfg: MultusConfig, pod: PodView) -> None:
     """
     who = f"pod {pod.namespace}/{pod.name}"
     if not pod.annotation_read:
-        ids = pod.devices().get(cfg.rdma_resource)
+        ids = pod.devices().get(cfg.rdma_resource, []) + _claim_labels(pod.claim_devices())
         if ids:
             raise CniError(
                 INVALID_CONFIG,
@@ -335,13 +342,18 @@ def _check_unclaimed_devices(cfg: MultusConfig, pod: PodView) -> None:
                 f'(containerd: "capabilities": {{"{CRI_ANNOTATIONS}": true}} in rdma-multus\'s conflist)',
             )
         return
-    ids = pod.checkpoint_devices().get(cfg.rdma_resource)
+    ids = pod.checkpoint_devices().get(cfg.rdma_resource, []) + _claim_labels(pod.checkpoint_claim_devices())
     if ids:
         log.warning(
             "%s holds %d %s device(s) (%s) but its %s annotation names no network using them: it starts "
             "without RDMA interfaces (add the RDMA network, e.g. %s, to the annotation)",
             who, len(ids), cfg.rdma_resource, ", ".join(ids), cfg.annotation, _rdma_network_hint(cfg),
         )  # fmt: skip
+
+
+def _claim_labels(found: Sequence[ClaimDevice]) -> list[str]:
+    """Our driver's DRA devices as the unclaimed-devices messages name them."""
+    return [f"{c.device} (DRA claim {c.claim_namespace}/{c.claim_name})" for c in found]
 
 
 def _write_network_status(
@@ -451,13 +463,15 @@ def _inject_devices(
 
     Multus sets a top-level ``deviceID``; rdma-macvlan also reads ``runtimeConfig.deviceIDs`` (all of
     them: a pod with four RDMA NICs gets four bonds) and ``count`` (when the kubelet's checkpoint has
-    no entry, the pod's requested count still says how many).
+    no entry, the pod's requested count still says how many). The bonds of the pod's DRA claims
+    join the devices of the node's RDMA resource (``rdmaResourceName``), as the device plugin's IDs
+    they stand in for (one node serves that resource from one or the other).
     """
     located = _resource_plugin(net)
     if located is None and not sel.device_id:
         return
     index, resource = located if located is not None else (0, "")
-    ids = [sel.device_id] if sel.device_id else pod.device_ids(resource)
+    ids = [sel.device_id] if sel.device_id else pod.device_ids(resource) + _claimed(net, index, resource, pod)
     requested = pod.requested(resource) if resource and not ids else 0
     top = injected.setdefault(index, {})
     runtime = runtime_injected.setdefault(index, {})
@@ -469,6 +483,18 @@ def _inject_devices(
     elif requested:
         top["count"] = requested
     log.info("network %s resource %r: device IDs %s, requested %d", net.name, resource, ids, requested)
+
+
+def _claimed(net: conflist.NetworkConfigList, index: int, resource: str, pod: PodView) -> list[str]:
+    """The RDMA device names of the bonds the pod's DRA claims hold, for the network that takes the
+    node's RDMA resource; [] for any other network, or a pod without such claims."""
+    if not resource or resource != pod.cfg.rdma_resource:
+        return []
+    found = pod.claim_devices()
+    if not found:
+        return []
+    who = f"{pod.namespace}/{pod.name}"
+    return claims.claimed_bonds(found, who, net.name, net.plugins[index])
 
 
 def _resource_plugin(net: conflist.NetworkConfigList) -> tuple[int, str] | None:

@@ -10,6 +10,13 @@ bonds the pod gets are exactly the RDMA devices mounted in it); when its socket 
 cannot answer, from kubelet's device checkpoint, keyed by the pod UID (``K8S_POD_UID`` from the
 runtime, else the API's). Asked at most once per call, and only when a network names a resource or
 the pod's networks could not be read.
+
+The same answer carries the pod's DRA devices (its claims', and the extended-resource claim's:
+:mod:`rdma_cni.kube.podresources`); those of our driver are the bonds the claims hold
+(:mod:`.claims`). Without PodResources they come from kubelet's DRA checkpoint
+(:mod:`rdma_cni.kube.dra_checkpoint`) by pod UID; without either, a DRA pod's devices are unknown:
+an unreadable DRA checkpoint fails the ADD naming the fix, and a node with neither (no DRA
+checkpoint: a kubelet without DRA) has no claims to give.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from rdma_cni.cni.errors import KUBE_API_FAILURE, CniError
 from rdma_cni.cni.request import Request
+from rdma_cni.devices.dra_names import DRIVER
 from rdma_cni.kube.checkpoint import pod_devices
 from rdma_cni.kube.pod import Pod
 from rdma_cni.plugins.multus.config import MultusConfig
@@ -26,6 +34,7 @@ from rdma_cni.plugins.multus.networks import NetworkSelection, parse_annotation
 
 if TYPE_CHECKING:
     from rdma_cni.kube.client import PodClient
+    from rdma_cni.kube.podresources import ClaimDevice, PodAllocation
 
 log = logging.getLogger("rdma_cni.multus")
 
@@ -43,7 +52,7 @@ class PodView:
         self._pod: Pod | None = None
         self._fetched = False
         self._api: PodClient | None = None
-        self._devices: dict[str, list[str]] | None = None
+        self._allocation: PodAllocation | None = None
         self.annotation_read = False  # set by selections(): False when neither runtime nor API had it
 
     def ref(self) -> dict[str, str]:
@@ -68,16 +77,38 @@ class PodView:
 
     def devices(self) -> dict[str, list[str]]:
         """Resource -> the device IDs kubelet allocated to this pod (PodResources, else checkpoint)."""
-        if self._devices is None:
+        return self._allocated().devices
+
+    def claim_devices(self) -> list[ClaimDevice]:
+        """The devices of our DRA driver in the pod's claims (PodResources, else kubelet's DRA
+        checkpoint), each once; other drivers' devices are left out."""
+        return [c for c in self._allocated().claims if c.driver == DRIVER]
+
+    def _allocated(self) -> PodAllocation:
+        if self._allocation is None:
             found = self._from_pod_resources()
-            self._devices = found if found is not None else self._from_checkpoint()
-        return self._devices
+            self._allocation = found if found is not None else self._from_checkpoints()
+        return self._allocation
 
     def checkpoint_devices(self) -> dict[str, list[str]]:
         """The checkpoint's view only: a file read, no gRPC (for a warning on pods without RDMA)."""
-        return self._devices if self._devices is not None else self._from_checkpoint()
+        return self._allocation.devices if self._allocation is not None else self._from_checkpoint()
 
-    def _from_pod_resources(self) -> dict[str, list[str]] | None:
+    def checkpoint_claim_devices(self) -> list[ClaimDevice]:
+        """Our driver's devices by the DRA checkpoint only, for the same warnings: what is already
+        known, else a file read; a checkpoint that cannot be read warns nobody (debug log)."""
+        if self._allocation is not None:
+            return self.claim_devices()
+        from rdma_cni.kube import dra_checkpoint  # see _from_checkpoints
+
+        try:
+            found = dra_checkpoint.pod_claim_devices(self.cfg.kubelet_root_dir, self._pod_uid())
+        except CniError as err:
+            log.debug("%s", err.msg)
+            return []
+        return [c for c in found if c.driver == DRIVER]
+
+    def _from_pod_resources(self) -> PodAllocation | None:
         if not self.namespace or not self.name:
             return None
         # Here, not at the top: rdma_cni.kube.podresources costs ~4.5 ms of a cold multus call
@@ -89,7 +120,8 @@ class PodView:
             log.info("no kubelet PodResources socket at %s: reading the device checkpoint", sock)
             return None
         try:
-            found = podresources.pod_devices(sock, self.namespace, self.name, self.cfg.pod_resources_timeout)
+            timeout = self.cfg.pod_resources_timeout
+            found = podresources.pod_allocation(sock, self.namespace, self.name, timeout)
         except CniError as err:
             log.warning("%s; reading the device checkpoint instead", err.msg)
             return None
@@ -97,17 +129,38 @@ class PodView:
             log.warning("kubelet PodResources does not know pod %s/%s: reading the device checkpoint",
                         self.namespace, self.name)  # fmt: skip
             return None
-        log.info("pod %s/%s devices from kubelet PodResources: %s", self.namespace, self.name, found)
+        dra = f", DRA {[(c.driver, c.device) for c in found.claims]}" if found.claims else ""
+        log.info("pod %s/%s devices from kubelet PodResources: %s%s", self.namespace, self.name,
+                 found.devices, dra)  # fmt: skip
         return found
 
+    def _from_checkpoints(self) -> PodAllocation:
+        """Both of kubelet's checkpoints: device-plugin devices and DRA claims, by pod UID."""
+        # Here, not at the top: see _from_pod_resources (the dataclasses live in that module); the
+        # DRA checkpoint reader adds only json and zlib, already loaded.
+        from rdma_cni.kube import dra_checkpoint
+        from rdma_cni.kube.podresources import PodAllocation
+
+        uid = self._pod_uid()
+        claims = dra_checkpoint.pod_claim_devices(self.cfg.kubelet_root_dir, uid) if uid else []
+        if claims:
+            log.info("pod %s/%s DRA devices from kubelet's DRA checkpoint: %s", self.namespace, self.name,
+                     [(c.driver, c.device) for c in claims])  # fmt: skip
+        return PodAllocation(self._from_checkpoint(), tuple(claims))
+
     def _from_checkpoint(self) -> dict[str, list[str]]:
+        uid = self._pod_uid()
+        if not uid:
+            return {}
+        return pod_devices(self.cfg.device_plugin_dir, uid)
+
+    def _pod_uid(self) -> str:
+        """``K8S_POD_UID``, else the API's (asked only when the runtime passed no annotations)."""
         uid = self.uid
         if not uid and self._runtime_annotations is None:
             pod = self.pod()
             uid = pod.uid if pod else ""
-        if not uid:
-            return {}
-        return pod_devices(self.cfg.device_plugin_dir, uid)
+        return uid
 
     def requested(self, resource: str) -> int:
         """The pod's requested count of ``resource``; 0 when unknown.
