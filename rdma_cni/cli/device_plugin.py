@@ -4,11 +4,16 @@
     rdma-device-plugin [--config FILE] [--kubelet-root-dir DIR] [--sysfs-root DIR] [--dev-root DIR]
                        [--cni-conf FILE] [--resource-name NAME] [--log-file FILE] [--log-level LEVEL]
                        [--device-plugin-dir DIR] [--pod-resources-dir DIR] [--rescan-interval S]
-                       [--run-dir DIR]
+                       [--run-dir DIR] [--cdi [--cdi-dir DIR]]
 
 Runs in the node's network namespace (hostNetwork) until SIGTERM/SIGINT, then removes its socket.
 Exit codes: 0 after a signal, 2 for a bad config (one sentence naming the key and the fix), 1 when
 the node cannot run it (the kernel's RDMA netns mode is not ``shared``, or the first scan failed).
+
+``--cdi`` (off by default, as Mellanox's ``--use-cdi``; needs a runtime with CDI on): Allocate answers
+CDI device names from one spec per pool in ``--cdi-dir`` (default /var/run/cdi) instead of device
+nodes (:mod:`rdma_cni.deviceplugin.cdi` says what the specs hold and why). Flags only, not config keys:
+whether the runtime does CDI is the node's matter, not the pools'.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import threading
 from typing import Any
 
 from rdma_cni import log as logs
+from rdma_cni.deviceplugin.cdi import CdiConfig, cdi_config
+from rdma_cni.devices.cdi import SPEC_DIR
 from rdma_cni.devices.config import (
     ConfigError,
     NetnsModeError,
@@ -31,6 +38,7 @@ from rdma_cni.devices.config import (
     load_config,
     require_shared_netns,
 )
+from rdma_cni.dra.names import DRIVER as DRA_DRIVER
 
 log = logging.getLogger("rdma_cni.device_plugin")
 
@@ -74,7 +82,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag, key in FLAGS.items():
         aliases = [flag_name(key)] if flag_name(key) != flag else []  # --rescan-interval-s, as errors say
         ap.add_argument(flag, *aliases, dest=key, default=None, help=HELP[key])
+    ap.add_argument("--cdi", action="store_true", help="Allocate answers CDI device names (one spec per "
+                    "pool in --cdi-dir) instead of device nodes; needs CDI in the runtime "
+                    "(containerd >= 2.0, or 1.7 with enable_cdi)")
+    ap.add_argument("--cdi-dir", default=None, help=f"where --cdi writes its specs (default {SPEC_DIR})")
     return ap.parse_args(argv)
+
+
+def cdi_of(args: argparse.Namespace, cfg: PluginConfig) -> CdiConfig | None:
+    """``--cdi`` checked against the pools (ConfigError), or None without it. The DRA driver's CDI vendor
+    is reserved: its start-up sweep removes spec files of its kind it did not write."""
+    if not args.cdi:
+        if args.cdi_dir is not None:
+            raise ConfigError("--cdi-dir", args.cdi_dir, "it means something only with --cdi; "
+                              "add --cdi or drop --cdi-dir")
+        return None
+    return cdi_config(cfg.pool_specs(), args.cdi_dir or SPEC_DIR, reserved_vendors=(DRA_DRIVER,))
 
 
 def flags_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         cfg: PluginConfig = load_config(flags_of(args), args.config)
+        cdi = cdi_of(args, cfg)
     except ConfigError as e:
         _fail(2, str(e))
     logs.configure(cfg.log_file, cfg.log_level, stderr_level=cfg.log_level)
@@ -118,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        daemon.run(cfg, stop)
+        daemon.run(cfg, stop, cdi)
     except ConfigError as e:  # the first scan found pools the config cannot mean (an HCA in two)
         _fail(2, str(e))
     except Exception as e:  # the first scan: a node we cannot read at all

@@ -6,10 +6,14 @@ runs the health watch (one scan for all pools), and gRPC has its own pool per so
 never forks: gRPC's threads and a fork do not mix, which is why the plugin is not part of
 ``rdma-agent`` (it forks workers).
 
+With ``--cdi`` (:mod:`.cdi`), each pool's CDI spec is written before its first registration,
+synced on every change the health watch publishes, and left in place at stop.
+
 Usage::
 
     stop = threading.Event()
     run(cfg, stop)     # until stop is set; the own sockets are removed and the status says so
+    run(cfg, stop, cdi_config(cfg.pool_specs(), "/var/run/cdi"))   # Allocate answers CDI names
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import threading
 from collections import Counter
 
+from rdma_cni.deviceplugin.cdi import CdiConfig, PoolCdi, sweep_dropped
 from rdma_cni.deviceplugin.registration import Lifecycle, socket_base
 from rdma_cni.deviceplugin.server import Board
 from rdma_cni.deviceplugin.status import StatusFile, status_path
@@ -103,9 +108,22 @@ def socket_bases(specs: tuple[PoolSpec, ...]) -> dict[str, str]:
     }
 
 
-def run(cfg: PluginConfig, stop: threading.Event) -> None:
+def cdi_specs(cfg: PluginConfig, cdi: CdiConfig, scan: NodeScan) -> dict[str, PoolCdi]:
+    """Each pool's CDI spec, written from the first scan (an OSError when the dir is not writable
+    stops the start: Allocate could name nothing); dropped pools' specs swept."""
+    specs = {name: PoolCdi(cfg, cdi.spec_dir, kind) for name, kind in cdi.kinds.items()}
+    for name, spec in specs.items():
+        held = spec.sync(scan.pools[name])
+        log.info("%s: Allocate answers CDI devices of kind %s from %s (%d devices)", name, spec.kind,
+                 spec.path, len(held))
+    sweep_dropped(cdi.spec_dir, cdi.kinds.values(), cfg.pod_resources_dir)
+    return specs
+
+
+def run(cfg: PluginConfig, stop: threading.Event, cdi: CdiConfig | None = None) -> None:
     specs = cfg.pool_specs()
     scan = first_scan(cfg)
+    cdis = cdi_specs(cfg, cdi, scan) if cdi is not None else {}
     boards = {s.resource_name: Board(scan.pools[s.resource_name]) for s in specs}
     status = StatusFile(
         status_path(cfg.run_dir),
@@ -120,6 +138,11 @@ def run(cfg: PluginConfig, stop: threading.Event) -> None:
             status.devices(snap)
         else:
             pools[name].snapshot(snap)
+        if name in cdis:
+            try:
+                cdis[name].sync(snap)
+            except OSError as e:  # the next change or Allocate tries again (and says so to kubelet)
+                log.warning("CDI spec %s not rewritten: %s", cdis[name].path, e)
 
     for s in specs:
         changed(s.resource_name, scan.pools[s.resource_name])
@@ -134,6 +157,7 @@ def run(cfg: PluginConfig, stop: threading.Event) -> None:
             status if single else pools[s.resource_name],
             s.resource_name,
             bases[s.resource_name],
+            cdis.get(s.resource_name),
         )
         for s in specs
     ]

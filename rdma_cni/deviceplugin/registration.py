@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from rdma_cni.deviceplugin.cdi import PoolCdi
 from rdma_cni.deviceplugin.server import OPTIONS, Board, DevicePluginService, serve
 from rdma_cni.deviceplugin.status import PoolStatus, StatusFile
 from rdma_cni.devices.config import PluginConfig
@@ -167,8 +168,10 @@ class Lifecycle:
     and ``base`` (the socket name's start) default to ``cfg.resource_name`` and its last part."""
 
     def __init__(self, cfg: PluginConfig, board: Board, status: StatusFile | PoolStatus,
-                 resource_name: str | None = None, base: str | None = None) -> None:
+                 resource_name: str | None = None, base: str | None = None,
+                 cdi: PoolCdi | None = None) -> None:
         self._cfg = cfg
+        self._cdi = cdi  # every generation's service answers CDI names with it (--cdi)
         self._board = board
         self._status = status
         self._resource = resource_name or cfg.resource_name
@@ -211,7 +214,7 @@ class Lifecycle:
             path = os.path.join(self._dir, endpoint)
             self._kick.clear()
             service = DevicePluginService(self._board, self._cfg, on_streams_gone=self._streams_gone,
-                                          on_allocated=self._status.count_allocations)
+                                          on_allocated=self._status.count_allocations, cdi=self._cdi)
             try:
                 os.makedirs(self._dir, mode=0o750, exist_ok=True)
                 server = serve(service, path)

@@ -10,6 +10,8 @@ This layer only turns them into kubelet's messages and keeps kubelet's rules:
 - ``Allocate`` answers one response per container request; an unknown or unhealthy ID is a gRPC
   error naming it (``INVALID_ARGUMENT`` / ``FAILED_PRECONDITION``) and changes nothing.
 - A malformed request is answered, never a crash: the service's own surprises become ``INTERNAL``.
+- With ``--cdi`` (:mod:`.cdi`), Allocate answers the pool's CDI device names and the env, and no
+  ``DeviceSpec``: the runtime injects the nodes from the pool's spec, synced before the answer.
 
 Usage::
 
@@ -28,6 +30,7 @@ from typing import NoReturn
 
 import grpc
 
+from rdma_cni.deviceplugin.cdi import PoolCdi
 from rdma_cni.devices import allocation, shared
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.pools import PoolSnapshot, SharedSnapshot, virtual_ids
@@ -152,7 +155,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
 
     ``on_streams_gone``: called when kubelet's last stream of this generation ended from its side
     (kubelet restarted or dropped us: re-register). ``on_allocated``: called with the number of
-    container responses of every successful Allocate (the status file counts them).
+    container responses of every successful Allocate (the status file counts them). ``cdi``: the
+    pool's CDI spec when Allocate answers CDI names (``--cdi``); None: DeviceSpecs, as by default.
     """
 
     def __init__(
@@ -161,9 +165,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         cfg: PluginConfig,
         on_streams_gone: Callable[[], None] | None = None,
         on_allocated: Callable[[int], None] | None = None,
+        cdi: PoolCdi | None = None,
     ) -> None:
         self._board = board
         self._cfg = cfg
+        self._cdi = cdi
         self._stopping = threading.Event()
         self.streams = StreamCount(on_streams_gone)
         self._on_allocated = on_allocated
@@ -231,6 +237,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     alloc = shared.allocate(snap, ids, self._cfg)
                 else:
                     alloc = allocation.allocate(snap, ids, self._cfg)
+                names = self._cdi.answer(snap, ids) if self._cdi is not None else None
             except allocation.AllocationError as e:
                 code, text = _allocation_status(snap, e)
                 log.warning("Allocate %s refused: %s", ids, text)
@@ -239,6 +246,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 log.exception("Allocate %s failed", ids)
                 _abort(context, grpc.StatusCode.INTERNAL, f"allocating {ids} failed: {e}")
             resp = out.container_responses.add(envs=dict(alloc.envs))
+            if names is not None:  # the runtime injects the nodes: listing them too would double them
+                resp.cdi_devices.extend(pb.CDIDevice(name=n) for n in names)
+                continue
             for spec in alloc.devices:
                 resp.devices.add(container_path=spec.container_path, host_path=spec.host_path,
                                  permissions=spec.permissions)

@@ -14,16 +14,23 @@ runtime (containerd >= 2.0 by default, 1.7 with ``enable_cdi``) looks them up in
   tags.cncf.io/container-device-interface v1.1.1, which reads 0.3.0 to 1.1.0 (``specs-go/version.go``).
 - Device names carry the owner (``<uid>-mlx5_bond_0``): a CDI name must be unique across all specs of
   the kind, and in shared mode two claims hold the same bond.
+- A writer that owns its kind outright (the device plugin: one spec per pool, the pool's resource
+  name as the kind) names devices as it likes (:func:`named_document`) and writes through the same
+  atomic :func:`write_document`; :func:`kind_problem` / :func:`name_problem` say in words why the CDI
+  library would refuse a kind or a device name (its ``pkg/parser`` rules).
 
-    ids = write_spec("/var/run/cdi", KIND, uid, {"mlx5_bond_0": alloc_nodes}, common_nodes, env)
+    ids = write_spec("/var/run/cdi", KIND, uid, alloc, bonds)
     remove_spec("/var/run/cdi", KIND, uid)
+    write_document("/var/run/cdi", "vendor.example/pool", "owner", named_document(...))
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -69,6 +76,14 @@ def split_by_bond(alloc: ContainerAllocation, bonds: Sequence[RdmaBond]) -> tupl
 
 def spec_document(kind: str, owner: str, per_device: Mapping[str, Sequence[DeviceSpec]],
                   common: Sequence[DeviceSpec], env: Mapping[str, str]) -> dict[str, Any]:
+    return named_document(kind, {f"{owner}-{dev}": nodes for dev, nodes in per_device.items()}, common, env)
+
+
+def named_document(kind: str, named: Mapping[str, Sequence[DeviceSpec]], common: Sequence[DeviceSpec],
+                   env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The spec of ``kind``: one device per entry of ``named`` (its name as given, its nodes), and
+    ``common`` nodes and ``env`` as the spec's own edits (the runtime applies them once per container
+    whichever of the spec's devices it gets)."""
     edits: dict[str, Any] = {}
     if env:
         edits["env"] = [f"{k}={v}" for k, v in sorted(env.items())]
@@ -78,8 +93,8 @@ def spec_document(kind: str, owner: str, per_device: Mapping[str, Sequence[Devic
         "cdiVersion": VERSION,
         "kind": kind,
         "devices": [
-            {"name": f"{owner}-{dev}", "containerEdits": {"deviceNodes": [_node(s) for s in nodes]}}
-            for dev, nodes in per_device.items()
+            {"name": name, "containerEdits": {"deviceNodes": [_node(s) for s in nodes]}}
+            for name, nodes in named.items()
         ],
     }
     if edits:
@@ -97,11 +112,65 @@ def write_spec(spec_dir: str, kind: str, owner: str, alloc: ContainerAllocation,
     """Write the spec of ``owner`` holding ``alloc`` (the model's answer for ``bonds``), replacing any
     earlier one in one rename; the CDI ID of each bond."""
     per, common = split_by_bond(alloc, bonds)
-    doc = spec_document(kind, owner, per, common, alloc.envs)
-    # 0644: the runtime reads it (as root anyway); the dir is the runtime's well-known one.
-    durable.atomic_write(spec_path(spec_dir, kind, owner), json.dumps(doc, indent=None).encode() + b"\n",
-                         mode=0o644, dir_mode=0o755)
+    write_document(spec_dir, kind, owner, spec_document(kind, owner, per, common, alloc.envs))
     return device_ids(kind, owner, per)
+
+
+def write_document(spec_dir: str, kind: str, owner: str, doc: Mapping[str, Any]) -> str:
+    """Write ``doc`` as the spec of ``owner`` in one rename (the runtime never reads half a spec); its
+    path."""
+    path = spec_path(spec_dir, kind, owner)
+    # 0644: the runtime reads it (as root anyway); the dir is the runtime's well-known one.
+    durable.atomic_write(path, json.dumps(doc, indent=None).encode() + b"\n", mode=0o644, dir_mode=0o755)
+    return path
+
+
+def owner_specs(spec_dir: str, owner: str) -> list[str]:
+    """The spec files of ``owner`` in ``spec_dir``, of any kind (``*_<owner>.json``), sorted."""
+    return sorted(glob.glob(os.path.join(glob.escape(spec_dir), f"*_{glob.escape(owner)}.json")))
+
+
+def read_document(path: str) -> dict[str, Any] | None:
+    """The JSON object in spec file ``path``; None when there is none or it is not one."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def read_kind(path: str) -> str | None:
+    """The ``kind`` a spec file declares; None when it cannot be read as a spec."""
+    kind = (read_document(path) or {}).get("kind")
+    return kind if isinstance(kind, str) else None
+
+
+# The CDI library's own rules (tags.cncf.io/container-device-interface pkg/parser, v1.1.1): a vendor
+# or class starts with a letter, ends with a letter or digit, and holds letters, digits, ``_-.``; a
+# device name may also start with a digit and hold ``:``.
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+def kind_problem(kind: str) -> str | None:
+    """Why the CDI library would refuse ``kind`` (``vendor/class``), in words; None when it is valid."""
+    vendor, sep, cls = kind.partition("/")
+    if not sep or "/" in cls:
+        return "a CDI kind is vendor/class (one '/')"
+    for part, what in ((vendor, "vendor"), (cls, "class")):
+        if not _VENDOR_OR_CLASS.fullmatch(part):
+            return (f"the CDI {what} {part!r} must start with a letter, end with a letter or digit "
+                    "and hold only letters, digits, '_', '-' and '.'")
+    return None
+
+
+def name_problem(name: str) -> str | None:
+    """Why the CDI library would refuse device name ``name``, in words; None when it is valid."""
+    if _DEVICE_NAME.fullmatch(name):
+        return None
+    return (f"the CDI device name {name!r} must start and end with a letter or digit and hold only "
+            "letters, digits, '_', '-', '.' and ':'")
 
 
 def remove_spec(spec_dir: str, kind: str, owner: str) -> bool:
