@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 DRIVER = "rdma.tke.cloud.tencent.com"  # the DRA driver's name: what a claim's devices are reported under
 
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
 
 
-@dataclass(frozen=True)
-class NamedBond:
+class NamedBond(NamedTuple):
     """One bond as a DRA device: its device ``name``, RDMA ``device`` (the device plugin's ID) and
-    bond ``netdev``."""
+    bond ``netdev``. A NamedTuple, not a frozen dataclass: this module is imported by every
+    rdma-multus call, and making the class costs ~0.2 ms against ~1.4 ms (measured after multus's
+    own imports)."""
 
     name: str
     device: str

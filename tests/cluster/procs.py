@@ -35,7 +35,13 @@ def start_time(pid: int) -> str:
 
 
 def alive(p: Proc) -> bool:
-    return start_time(p.pid) == p.start != ""
+    """The recorded process still runs: same pid and start time, and not a zombie (one whose parent,
+    an ``up`` that has exited, left it to an init that reaps late)."""
+    try:
+        stat = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return stat[19] == p.start != "" and stat[0] != "Z"
 
 
 def tail(path: str | Path, lines: int = 25) -> str:
@@ -95,6 +101,9 @@ def stop(procs: Sequence[Proc], grace: float = 10.0) -> None:
         if alive(p):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5  # SIGKILL is not instant: gone before down goes on
+    while time.monotonic() < deadline and any(alive(p) for p in live):
+        time.sleep(0.05)
     for p in live:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(p.pid, os.WNOHANG)
