@@ -3,7 +3,12 @@ model (:mod:`rdma_cni.devices`), beside the device plugin, as dranet's ``pkg/dri
 ``pkg/inventory``.
 
 - :mod:`.names`: every name the API sees (driver, attributes, taint, limits), once;
-- :mod:`.slices`: the ResourceSlice specs of one scan (pure);
+- :mod:`.table`: the driver's devices, made from one scan in the config's form (the bonds of
+  ``masters``; or every member of every pool of ``pools:`` / Mellanox's ``config.json``), named once
+  for the slices, the health stream and prepare alike (pure);
+- :mod:`.watch`: the device plugin's scan again on every link event and rescan tick, the table
+  republished when it changed;
+- :mod:`.slices`: the ResourceSlice specs of one table (pure);
 - :mod:`.claims`: which devices of a ResourceClaim are ours (pure);
 - :mod:`.prepared`: the durable record of each prepared claim (write-ahead, rename);
 - :mod:`.driver`: NodePrepareResources / NodeUnprepareResources on the model, CDI specs out;
