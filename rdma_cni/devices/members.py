@@ -30,7 +30,7 @@ from rdma_cni.devices.inventory import NodeScan
 from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot
 from rdma_cni.devices.pools import PoolSpec, SharedSnapshot
 
-NEVER_CHECKED = "its health was never checked"
+NEVER_CHECKED = "health never checked"  # the taint value the slices have always said
 
 
 @dataclass(frozen=True)
