@@ -59,14 +59,31 @@ class DraNode:
     def kubelet(self) -> Path:
         return self.root / "kubelet"
 
-    def config(self, annotation: str = "tke-route-eni,tke-rdma-macvlan") -> dict[str, Any]:
-        return {
+    def config(self, annotation: str | None = "tke-route-eni,tke-rdma-macvlan") -> dict[str, Any]:
+        """rdma-multus's config; ``annotation`` None: neither the runtime nor an API can tell it."""
+        conf: dict[str, Any] = {
             "cniVersion": "1.0.0", "name": "tke-multus", "type": "rdma-multus", "kubeconfig": "",
             "confDir": str(self.root / "net.d"), "defaultDelegates": "tke-route-eni",
             "binDirs": [str(self.root / "bin")], "cacheDir": str(self.root / "cache"),
             "kubeletRootDir": str(self.kubelet), "logFile": str(self.root / "multus.log"),
-            "runtimeConfig": {CRI: {ANNOTATION: annotation}},
         }  # fmt: skip
+        if annotation is not None:
+            conf["runtimeConfig"] = {CRI: {ANNOTATION: annotation}}
+        return conf
+
+    def dra_checkpoint(self, uid: str, claim_name: str, names: list[str]) -> None:
+        """Kubelet's ``dra_manager_state``: pod ``uid`` holds claim ``claim_name`` of our devices."""
+        found = [{"PoolName": POOL, "DeviceName": n, "ShareID": None, "RequestNames": ["nics"],
+                  "CDIDeviceIDs": []} for n in names]  # fmt: skip
+        state = [{"ClaimUID": "c-uid", "ClaimName": claim_name, "Namespace": "default", "PodUIDs": {uid: {}},
+                  "DriverState": {DRIVER: {"Devices": found}}}]  # fmt: skip
+        data = json.dumps({"kind": "DRACheckpoint", "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
+                           "ClaimInfoStateList": state}, separators=(",", ":"))  # fmt: skip
+        path = self.kubelet / dra_checkpoint.CHECKPOINT
+        path.write_text(json.dumps({"Data": data, "Checksum": zlib.crc32(data.encode())}))
+
+    def warnings(self) -> list[str]:
+        return [line for line in (self.root / "multus.log").read_text().splitlines() if "WARNING" in line]
 
     def run(self, command: str, pod: Pod, conf: dict[str, Any] | None = None) -> tuple[int, Any]:
         env = {
@@ -232,14 +249,7 @@ def test_a_device_name_matching_no_bond_fails_add_naming_it_and_the_fix_and_chan
 
 def test_without_pod_resources_kubelets_dra_checkpoint_says(dra: DraNode) -> None:
     r = dra
-    state = [{"ClaimUID": "c-uid", "ClaimName": "rdma", "Namespace": "default", "PodUIDs": {"u-1": {}},
-              "DriverState": {DRIVER: {"Devices": [{"PoolName": POOL, "DeviceName": n, "ShareID": None,
-                                                    "RequestNames": ["nics"], "CDIDeviceIDs": []}
-                                                   for n in ("bond5", "rdma-7")]}}}]  # fmt: skip
-    data = json.dumps({"kind": "DRACheckpoint", "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
-                       "ClaimInfoStateList": state}, separators=(",", ":"))  # fmt: skip
-    path = r.kubelet / dra_checkpoint.CHECKPOINT
-    path.write_text(json.dumps({"Data": data, "Checksum": zlib.crc32(data.encode())}))
+    r.dra_checkpoint("u-1", "rdma", ["bond5", "rdma-7"])
     pod = r.pod()
     code, result = r.run("ADD", pod)  # no socket in pod-resources/
     assert code == 0, result
@@ -261,3 +271,30 @@ def test_an_unreadable_dra_checkpoint_without_pod_resources_fails_add_and_change
     assert "dra_manager_state fails its checksum" in err["msg"] and "PodResources" in err["msg"], err
     assert r.host() == HOST and r.node.snapshot() == before and r.node.state_files() == []
     assert r.run("DEL", pod)[0] == 0
+
+
+def test_claimed_bonds_and_an_unreadable_annotation_fail_add_naming_them_and_both_fixes(dra: DraNode) -> None:
+    r = dra
+    pod = r.pod()
+    with r.kubelet_says({"trainer": [claim("default", "rdma", device(DRIVER, POOL, "bond3"))]}):
+        code, err = r.run("ADD", pod, r.config(annotation=None))  # no kubeconfig, no runtime annotations
+    assert code != 0 and err["code"] == 7, err
+    assert "bond3 (DRA claim default/rdma)" in err["msg"] and ANNOTATION in err["msg"], err
+    assert '"kubeconfig"' in err["msg"] and CRI in err["msg"], err
+    assert r.host() == HOST and r.node.state_files() == []
+    assert r.run("DEL", pod, r.config(annotation=None))[0] == 0
+
+
+def test_claimed_bonds_without_the_rdma_network_start_with_a_warning_and_no_grpc_call(dra: DraNode) -> None:
+    r = dra
+    r.dra_checkpoint("u-1", "rdma", ["bond4"])
+    pod = r.pod()
+    with r.kubelet_says({"trainer": [claim("default", "rdma", device(DRIVER, POOL, "bond4"))]}) as kubelet:
+        code, result = r.run("ADD", pod, r.config(annotation="tke-route-eni"))
+        assert kubelet.calls == []  # a pod without RDMA networks pays for no gRPC call
+    assert code == 0, result
+    assert {link["ifname"] for link in r.node.pod_json(pod, "link")} == {"lo", "eth0"}
+    warned = [w for w in r.warnings() if "bond4 (DRA claim default/rdma)" in w]
+    assert warned and "names no network using them" in warned[0] and "tke-rdma-macvlan" in warned[0], warned
+    assert r.host() == HOST
+    assert r.run("DEL", pod, r.config(annotation="tke-route-eni"))[0] == 0
