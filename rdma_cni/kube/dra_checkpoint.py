@@ -114,7 +114,8 @@ def _data(path: str) -> list[Any] | None:
 def _unusable(path: str, problem: str) -> CniError:
     return CniError(
         STATE_CORRUPT,
-        f"kubelet DRA checkpoint {path} {problem}, and kubelet's PodResources API could not tell them either, so the "
-        "pod's DRA devices are unknown: make the PodResources socket reachable for rdma-multus (its "
-        "podResourcesDir, <kubelet root>/pod-resources, mounted and kubelet running)",
+        f"kubelet DRA checkpoint {path} {problem}, and kubelet's PodResources API could not tell "
+        "them either, so the pod's DRA devices are unknown: make the PodResources socket reachable "
+        "for rdma-multus (its podResourcesDir, <kubelet root>/pod-resources, mounted and kubelet "
+        "running)",
     )
