@@ -6,19 +6,23 @@ at links and addresses is answered by the test (every bond up with an address, t
 
 Checked: the device table and ResourceSlices for seed 002's Mellanox config.json alone and with more
 pools, ``pools:`` with an exclusive and a shared pool, an HCA two pools select, a pool of count 0;
-the refusal of an HCA in an exclusive and another pool (as the device plugin's); health per device;
-a pool change on rescan; and NodePrepareResources of an InfiniBand HCA, a bond of a shared pool and
-one HCA through two pools."""
+the refusal of an HCA in an exclusive and another pool (as the device plugin's); health per device,
+and kubelet's health stream following a rescan (the one test here on a unix socket); a pool change
+on rescan; and NodePrepareResources of an InfiniBand HCA, a bond of a shared pool and one HCA through
+two pools."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import seed002
 
@@ -30,10 +34,11 @@ from rdma_cni.dra import health, names
 from rdma_cni.dra.daemon import start_scan
 from rdma_cni.dra.driver import ClaimError, ClaimRef, Driver
 from rdma_cni.dra.prepared import PreparedDevice
+from rdma_cni.dra.service import serve_dra
 from rdma_cni.dra.slices import slice_specs, table_specs
 from rdma_cni.dra.table import DeviceBoard, DeviceTable, of_bonds, table_for
 from rdma_cni.dra.watch import NodeWatch
-from rdma_cni.proto import drahealth_v1_pb2
+from rdma_cni.proto import drahealth_v1_pb2, drahealth_v1_pb2_grpc
 from rdma_cni.sim.devnodes import make_dev_nodes
 from rdma_cni.sim.tree import SimBond, SimIbHca, add_ib_hca, build_tree, set_port_state
 
@@ -246,6 +251,30 @@ def test_a_pool_change_on_rescan_is_a_new_table_and_wakes_the_publisher(sim: Sim
     sim.down("ibs110")
     assert watch.rescan() is True
     assert [d.name for d in board.current()[1].devices if not d.health.healthy] == ["mlx5-6"]
+
+
+def test_the_health_stream_names_every_pool_device_and_follows_a_rescan(sim: SimNode) -> None:
+    cfg, first, table = sim.table(seed002.with_second_pool(SECOND))
+    board = DeviceBoard(table)
+    watch = NodeWatch(cfg, board, first)
+    short = tempfile.mkdtemp(prefix="dra-")  # a unix socket path has 107 bytes at most
+    driver = Driver(cfg, NODE, board, Claims(), str(sim.tmp / "claims"), str(sim.tmp / "cdi"))
+    server = serve_dra(driver, f"{short}/dra.sock", board)
+    try:
+        with grpc.insecure_channel(f"unix:{short}/dra.sock") as ch:
+            stream = drahealth_v1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                drahealth_v1_pb2.NodeWatchResourcesRequest(), timeout=30)
+            assert [(d.device.pool_name, d.device.device_name, d.health) for d in next(stream).devices] == [
+                (NODE, n, drahealth_v1_pb2.HEALTHY) for n in ("mlx5-4", "bond0", "bond1", "bond2", "bond3")]
+            set_port_state(sim.sysfs, "mlx5_4", 1, active=False)
+            assert watch.rescan() is True
+            bad = [(d.device.device_name, d.message) for d in next(stream).devices
+                   if d.health == drahealth_v1_pb2.UNHEALTHY]
+            assert [n for n, _ in bad] == ["mlx5-4"] and "RDMA port mlx5_4/1 is DOWN" in bad[0][1]
+            stream.cancel()
+    finally:
+        server.stop(grace=0).wait(2)
+        shutil.rmtree(short, ignore_errors=True)
 
 
 # --- NodePrepareResources -----------------------------------------------------------------------------
