@@ -53,6 +53,7 @@ GROUPS: Mapping[str, str] = {
     "test_cluster_e2e.py": "cluster",
     "test_cluster_images.py": "cluster",
     "test_cluster_dra.py": "cluster",
+    "test_cluster_sweep.py": "cluster",
 }
 
 FIRST: tuple[str, ...] = (

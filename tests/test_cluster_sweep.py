@@ -1,0 +1,88 @@
+"""``scripts/cluster up`` cut short: killed with -9 its leftovers are swept by the next ``up``, and a
+SIGTERM makes it remove what it made itself. Both cut it once the control plane runs, when it has
+made every kind of thing ``down`` removes (processes, network and mount namespaces, mounts, cgroups,
+files).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster import cluster, procs
+from cluster import topology as topo
+from cluster.cluster import State
+from cluster.node import NS_DIR, RUN, WORK
+
+pytestmark = [pytest.mark.cluster, pytest.mark.netns]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def no_cluster() -> Iterator[None]:
+    """This test owns the machine's one cluster; whatever it leaves is removed."""
+    with cluster.exclusive():
+        cluster.down()
+        try:
+            yield
+        finally:
+            cluster.down()
+
+
+def start_up() -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=f"{REPO / 'tests'}:{REPO}")
+    return subprocess.Popen([sys.executable, "-m", "cluster.main", "up"], env=env, stdin=subprocess.DEVNULL)
+
+
+def wait_for_control_plane(up: subprocess.Popen[bytes]) -> State:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        st = State.load()
+        if any(p.name == "kube-scheduler" for p in st.procs) and st.cgroups and st.mntns:
+            return st
+        assert up.poll() is None, f"up ended early ({up.returncode})"
+        time.sleep(0.2)
+    raise AssertionError("up did not start the control plane within 300 s")
+
+
+def leftovers(st: State) -> list[str]:
+    """What of ``st``'s run is still on the machine."""
+    out = [f"process {p.name} ({p.pid})" for p in st.procs if procs.alive(p)]
+    out += [f"netns {n}" for n in topo.leftover_netns()]
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    out += [f"mount {m}" for m in mounts if m.startswith((str(WORK), str(NS_DIR)))]
+    out += [f"cgroup {c}" for c in st.cgroups if os.path.exists(c)]
+    out += [f"dir {d}" for d in (WORK, RUN) if d.exists()]
+    return out
+
+
+def test_an_up_killed_with_9_is_swept_by_the_next_up(no_cluster: None) -> None:
+    up = start_up()
+    killed = wait_for_control_plane(up)
+    up.kill()
+    up.wait()
+    assert leftovers(killed), "a run killed with -9 leaves its components running"
+    again = start_up()
+    assert again.wait(timeout=600) == 0
+    gone = [p for p in killed.procs if procs.alive(p)]
+    assert gone == [], "the next up ended every process of the killed run"
+    now = State.load()
+    assert {p.name for p in now.procs} >= {"kube-apiserver", "rdma-node-1/kubelet"}
+    assert not {(p.pid, p.start) for p in now.procs} & {(p.pid, p.start) for p in killed.procs}
+    cluster.down()
+    assert leftovers(killed) == [] and leftovers(now) == []
+
+
+def test_a_sigterm_during_up_removes_what_it_made(no_cluster: None) -> None:
+    up = start_up()
+    made = wait_for_control_plane(up)
+    up.send_signal(signal.SIGTERM)
+    assert up.wait(timeout=120) != 0
+    assert leftovers(made) == []
