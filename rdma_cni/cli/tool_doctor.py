@@ -4,6 +4,8 @@ check (OK/WARN/FAIL with the fix), exit code 1 when anything FAILs (usable as a 
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from rdma_cni.doctor.diagnose import diagnose
@@ -60,9 +62,22 @@ def paths_from(opts: dict[str, object]) -> NodePaths:
 @click.command("doctor")
 @node_options
 @click.option("--json", "as_json", is_flag=True, help="print the findings as JSON")
+@click.option("--pods", is_flag=True, help="also show, per pod, which GPU and RDMA NIC share a PCIe root")
+@click.option(
+    "--kubeconfig",
+    default="",
+    help="with --pods: the API server for DRA devices' ResourceSlices (default: the pod's ServiceAccount, "
+    "else <conf-dir>/rdma-multus.d/rdma-multus.kubeconfig)",
+)
 @click.pass_context
-def doctor(ctx: click.Context, /, as_json: bool, **opts: object) -> None:
+def doctor(ctx: click.Context, /, as_json: bool, pods: bool, kubeconfig: str, **opts: object) -> None:
     """Check this node's RDMA prerequisites and the rdma-cni installation (exit 1 on any FAIL)."""
-    findings = diagnose(paths_from(opts))
+    paths = paths_from(opts)
+    access = None
+    if pods:
+        from rdma_cni.doctor.pod_view import api_config  # lazy: ~65 ms, only for --pods (see diagnose)
+
+        access = api_config(kubeconfig, paths.conf_dir, os.environ)
+    findings = diagnose(paths, access)
     click.echo(render_json(findings) if as_json else render_text(findings), nl=False)
     ctx.exit(exit_code(findings))

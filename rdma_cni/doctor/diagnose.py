@@ -5,6 +5,8 @@ kubelet allocated (per bond: kubelet's pod vs the pod holding the IP), the kubel
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rdma_cni.doctor import (
     deviceplugin,
     host_checks,
@@ -16,6 +18,9 @@ from rdma_cni.doctor import (
 )
 from rdma_cni.doctor.findings import Finding
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot, observe
+
+if TYPE_CHECKING:
+    from rdma_cni.doctor.pod_view import ApiAccess
 
 CHECKS = (
     install_checks.check_binaries,
@@ -38,5 +43,16 @@ def run_checks(snap: NodeSnapshot) -> list[Finding]:
     return [finding for check in CHECKS for finding in check(snap)]
 
 
-def diagnose(paths: NodePaths) -> list[Finding]:
-    return run_checks(observe(paths))
+def diagnose(paths: NodePaths, pods: ApiAccess | None = None) -> list[Finding]:
+    """Every check; with ``pods`` (how to reach the API server, for DRA devices' slices) also each
+    pod's GPU and NIC alignment, last (``cni-tool doctor --pods``)."""
+    snap = observe(paths)
+    findings = run_checks(snap)
+    if pods is None:
+        return findings
+    # Here, not at the top: the pod lines' modules (the API client's YAML, the alignment's value
+    # types) cost ~65 ms of a cold interpreter (python -X importtime) that the plain doctor, the
+    # DaemonSet's readiness probe, never needs.
+    from rdma_cni.doctor import pod_checks, pod_view
+
+    return findings + pod_checks.check_pods(pod_view.observe_pods(snap, pods))

@@ -163,6 +163,32 @@ def list_pods(socket: str, timeout: float = DEFAULT_TIMEOUT) -> dict[PodKey, dic
     return _call(socket, timeout, "the pods' devices", ask)
 
 
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """What kubelet allocated to one container of a pod (its own devices and claims only)."""
+
+    pod: PodKey
+    container: str
+    given: PodAllocation
+
+
+def list_containers(socket: str, timeout: float = DEFAULT_TIMEOUT) -> list[ContainerAllocation]:
+    """Every container of every pod kubelet knows, each with its device-plugin devices and DRA
+    devices (``List``): per container, because two containers of one pod may hold different GPUs
+    and NICs (``cni-tool doctor --pods`` judges each container's pairs)."""
+
+    def ask(stub: PodResourcesListerStub, pb: Any) -> list[ContainerAllocation]:
+        out = []
+        for p in stub.List(pb.ListPodResourcesRequest(), timeout=timeout).pod_resources:
+            for c in p.containers:
+                one = pb.PodResources(name=p.name, namespace=p.namespace, containers=[c])
+                given = PodAllocation(_devices_of(one), _claims_of(one))
+                out.append(ContainerAllocation((p.namespace, p.name), c.name, given))
+        return out
+
+    return _call(socket, timeout, "the containers' devices", ask)
+
+
 def allocatable(socket: str, timeout: float = DEFAULT_TIMEOUT) -> list[Allocatable]:
     """Every device kubelet can allocate (healthy ones only: kubelet's allocatable), with NUMA."""
 
