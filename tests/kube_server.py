@@ -4,7 +4,8 @@ It serves ``GET /api/v1/namespaces/{ns}/pods/{name}`` like kube-apiserver: the P
 apiVersion, metadata with uid and annotations, spec.containers[].resources), a ``Status`` object with
 404 for a missing pod and 401 without valid credentials. It also takes a JSON merge patch of a pod's
 ``status`` subresource (``PATCH .../pods/{name}/status``, content type
-``application/merge-patch+json``, else 415) applied to the stored pod, and serves
+``application/merge-patch+json``, else 415) applied to the stored pod (a ``metadata.uid`` other than
+the pod's is refused with 422, as kube-apiserver keeps uid immutable), and serves
 ``GET /apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions/{name}``. ``forbid``
 holds verbs (``"patch"``, ``"get"``) answered 403, as missing RBAC would. Credentials are a bearer
 token or a client certificate signed by the test CA (what kubeadm's node kubeconfigs use). Tests can
@@ -313,6 +314,9 @@ class KubeServer:
             pod = self.pods.get((parts[3], parts[5]))
             if pod is None:
                 return 404, _status(404, f'pods "{parts[5]}" not found')
+            uid = (patch.get("metadata") or {}).get("uid")
+            if uid is not None and uid != pod["metadata"]["uid"]:
+                return 422, _uid_immutable(parts[5], uid)
             _merge_patch(pod, patch)
             return 200, pod
 
@@ -326,6 +330,14 @@ def _merge_patch(target: dict[str, Any], patch: Any) -> None:
             _merge_patch(target[key], value)
         else:
             target[key] = value
+
+
+def _uid_immutable(name: str, uid: str) -> dict[str, Any]:
+    """kube-apiserver's 422 for an update that would change a pod's ``metadata.uid``."""
+    cause = {"reason": "FieldValueInvalid", "field": "metadata.uid",
+             "message": f'Invalid value: "{uid}": field is immutable'}  # fmt: skip
+    return {**_status(422, f'Pod "{name}" is invalid: metadata.uid: field is immutable'),
+            "reason": "Invalid", "details": {"name": name, "kind": "pods", "causes": [cause]}}  # fmt: skip
 
 
 def _status(code: int, message: str) -> dict[str, Any]:

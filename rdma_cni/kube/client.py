@@ -1,5 +1,6 @@
 """The few Kubernetes API calls a node plugin makes, over TLS, with a deadline and bounded retries:
-GET a pod, PATCH its network-status annotation, GET a NetworkAttachmentDefinition.
+GET a pod, PATCH its network-status annotation (on DEL: only if it is still the same pod), GET a
+NetworkAttachmentDefinition.
 
 The API server may be restarting when a pod starts (a node reboot brings everything up at once), so
 connection failures, timeouts, 429 and 5xx are retried with a short backoff until ``attempts`` or the
@@ -65,17 +66,45 @@ class PodClient:
         update a pod's status, not its spec), and a merge patch of only our keys neither needs a
         prior GET nor races other writers of other annotations.
         """
+        status, _ = self._patch_status(namespace, name, {"annotations": annotations})
+        if status == 404:
+            raise CniError(KUBE_API_FAILURE, f"pod {namespace}/{name} is gone: network-status not written")
+        self._patched_or_raise(namespace, name, status)
+
+    def patch_pod_annotations_of(
+        self, namespace: str, name: str, uid: str, annotations: dict[str, str]
+    ) -> bool:
+        """Like :meth:`patch_pod_annotations`, but only on the pod with ``uid``: False when there is
+        no such pod (404, or another pod now has the name).
+
+        The UID rides in the patch itself: kube-apiserver never lets an update change
+        ``metadata.uid`` (422, naming that field), so the patch lands on that very pod or on none,
+        in one request with the same RBAC ('patch' on pods/status) and no GET first. That is what
+        a DEL needs: a StatefulSet recreates its pod under the same name, and the old sandbox's DEL
+        must leave the new pod alone. An empty ``uid`` patches whichever pod has the name.
+        """
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if uid:
+            metadata["uid"] = uid
+        status, answer = self._patch_status(namespace, name, metadata)
+        if status == 404 or (status == 422 and uid and "metadata.uid" in _invalid_fields(answer)):
+            return False
+        self._patched_or_raise(namespace, name, status)
+        return True
+
+    def _patch_status(self, namespace: str, name: str, metadata: dict[str, Any]) -> tuple[int, bytes]:
         path = f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/pods/{urllib.parse.quote(name)}/status"
-        body = json.dumps({"metadata": {"annotations": annotations}}).encode()
-        status, _ = self._call("PATCH", path, body, "application/merge-patch+json")
+        body = json.dumps({"metadata": metadata}).encode()
+        return self._call("PATCH", path, body, "application/merge-patch+json")
+
+    @staticmethod
+    def _patched_or_raise(namespace: str, name: str, status: int) -> None:
         if status in (401, 403):
             raise CniError(
                 KUBE_API_FAILURE,
                 f"Kubernetes API refused PATCH pod {namespace}/{name}/status with {status}: "
                 "grant the node's identity 'patch' on pods/status (conf/k8s/rdma-cni.yaml's ClusterRole)",
             )
-        if status == 404:
-            raise CniError(KUBE_API_FAILURE, f"pod {namespace}/{name} is gone: network-status not written")
         if status != 200:
             raise CniError(
                 KUBE_API_FAILURE, f"Kubernetes API answered {status} to PATCH pod {namespace}/{name}/status"
@@ -140,15 +169,19 @@ class PodClient:
                 if status not in RETRYABLE_STATUS:
                     return status, answer
                 last = f"HTTP {status}"
-            log.warning(
-                "Kubernetes API %s %s attempt %d/%d failed: %s", method, path, attempt, self.attempts, last
-            )
+            # The last attempt's failure is in the error raised below, which the caller logs: a
+            # warning here too would say it twice (a DEL with one attempt promises one line).
+            log.log(
+                logging.WARNING if attempt < self.attempts else logging.DEBUG,
+                "Kubernetes API %s %s attempt %d/%d failed: %s", method, path, attempt, self.attempts, last,
+            )  # fmt: skip
             pause = min(self.backoff * 2 ** (attempt - 1), max(0.0, deadline - time.monotonic()))
             if attempt < self.attempts and pause > 0:
                 time.sleep(pause)
         raise CniError(
             KUBE_API_FAILURE,
-            f"Kubernetes API {self.config.server} unreachable after {self.attempts} attempts "
+            f"Kubernetes API {self.config.server} unreachable after {self.attempts} "
+            f"attempt{'s' if self.attempts != 1 else ''} "
             f"within {self.timeout:g}s: {last or 'timed out'}",
         )
 
@@ -180,6 +213,14 @@ class PodClient:
         if self._ssl is None:
             self._ssl = tls_context(self.config)
         return self._ssl
+
+
+def _invalid_fields(answer: bytes) -> set[str]:
+    """The fields a 422 ``Status`` names (``details.causes[].field``); none when it is not one."""
+    try:
+        return {str(c["field"]) for c in json.loads(answer)["details"]["causes"] if "field" in c}
+    except (ValueError, KeyError, TypeError):
+        return set()
 
 
 def tls_context(config: KubeConfig) -> ssl.SSLContext:

@@ -96,6 +96,9 @@ class Multus:
             )
             return
         failed = _undo(_runner(req, cfg), plan.delegates)
+        # After the delegates, not before as Multus did: the bonds are back on the host before the
+        # API server is asked anything, and a runtime that kills a slow DEL kills only this call.
+        _clear_network_status(req, cfg, plan)
         if failed:
             # Keep only what failed: the runtime retries DEL, and it retries just those.
             plan.delegates = [d for d, _ in failed][::-1]
@@ -384,6 +387,45 @@ def _write_network_status(
         pod.api().patch_pod_annotations(pod.namespace, pod.name, annotations)
 
     multus_status.publish(patch, text, f"{pod.namespace}/{pod.name}", cfg.cache_dir)
+
+
+DEL_API_TIMEOUT = 0.5  # seconds, one attempt: what the API server may add to a DEL at most
+
+
+def _clear_network_status(req: Request, cfg: MultusConfig, plan: AttachmentPlan) -> None:
+    """Set the pod's ``network-status`` to ``[]`` on DEL (best effort), as Multus's DEL did.
+
+    Multus's conditions: a kubeconfig, and the netns still there (a DEL without it is the runtime's
+    cleanup of a sandbox already torn down, or a repeat). Not Multus's: its skip of the system
+    namespaces, as ADD writes there too. The pod is the one the runtime names, else the one the
+    plan recorded; its UID keeps the PATCH off a new pod of the same name. One attempt within
+    :data:`DEL_API_TIMEOUT`: the API server being down must not hold the pod's deletion.
+    """
+    if not cfg.kubeconfig:
+        return
+    ref = {
+        k: req.args.get(f"K8S_POD_{k.upper()}", "") or plan.pod.get(k, "")
+        for k in ("namespace", "name", "uid")
+    }
+    who = f"{ref['namespace']}/{ref['name']}"
+    if not ref["namespace"] or not ref["name"]:
+        log.debug("%s not cleared: no pod name in CNI_ARGS or the plan", multus_status.ANNOTATION)
+        return
+    if not req.netns or not os.path.exists(req.netns):
+        log.debug("pod %s: %s not cleared: netns %r is gone", who, multus_status.ANNOTATION, req.netns)
+        return
+
+    def patch(annotations: dict[str, str]) -> bool:
+        # Here, not at the top: the API client and the kubeconfig reader cost ~80 ms of a cold
+        # call (python -X importtime, see PodView.api), which a DEL without a kubeconfig never pays.
+        from rdma_cni.kube import kubeconfig
+        from rdma_cni.kube.client import PodClient
+
+        timeout = min(cfg.api_timeout, DEL_API_TIMEOUT)
+        api = PodClient(kubeconfig.load(cfg.kubeconfig), timeout=timeout, attempts=1)
+        return api.patch_pod_annotations_of(ref["namespace"], ref["name"], ref["uid"], annotations)
+
+    multus_status.clear(patch, who, cfg.cache_dir)
 
 
 def _networks(req: Request, cfg: MultusConfig, selections: list[NetworkSelection]) -> list[_Wanted]:

@@ -13,6 +13,12 @@ client ignores), read from the GID records rdma-macvlan leaves in its ``runDir``
 
 Writing it is best effort: one PATCH bounded by the API timeouts; a failure is logged and counted
 (``<cacheDir>/stats/network-status.json``), never turned into a failed ADD — the pod's network works.
+
+DEL sets it to ``[]``: what the NPWG client's ``SetNetworkStatus`` writes for no statuses, the call
+Multus's DEL made until its PR #1173 (2023) stopped writing on DEL, because the pod may be gone
+and a StatefulSet's new pod of the same name may already own the annotation. Both are handled here
+instead: a pod gone is not a failure, and the PATCH carries the pod's UID, so it lands on no other
+pod. Same best effort, counted in the same file, never a failed DEL.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ log = logging.getLogger("rdma_cni.multus")
 ANNOTATION = "k8s.v1.cni.cncf.io/network-status"
 DEVICE_INFO_VERSION = "1.0.0"
 STATS_FILE = os.path.join("stats", "network-status.json")
+CLEARED = "[]"  # no networks: what the NPWG client writes for an empty status list
 
 # (interface name) -> device-info object or None
 DeviceInfoFor = Callable[[str], dict[str, Any] | None]
@@ -123,8 +130,27 @@ def publish(patch: Callable[[dict[str, str]], None], text: str, pod: str, cache_
     return True
 
 
+def clear(patch: Callable[[dict[str, str]], bool], pod: str, cache_dir: str) -> bool:
+    """Set the annotation to ``[]`` on DEL; ``patch`` answers False when the pod is gone (or its
+    name now belongs to a new pod). A failure is logged and counted, never raised: the pod's
+    networks are deleted whatever the API server does."""
+    try:
+        found = patch({ANNOTATION: CLEARED})
+    except Exception as exc:  # noqa: BLE001 - an escape would fail every retry of this DEL: a stuck pod
+        msg = exc.msg if isinstance(exc, CniError) else f"{type(exc).__name__}: {exc}"
+        log.warning("pod %s: %s not cleared: %s (its networks are deleted anyway)", pod, ANNOTATION, msg)
+        _count_failure(cache_dir, pod, msg)
+        return False
+    if found:
+        log.info("pod %s: %s cleared", pod, ANNOTATION)
+    else:
+        log.debug("pod %s: %s not cleared: the pod is gone, or a new pod has its name", pod, ANNOTATION)
+    return found
+
+
 def failures(cache_dir: str) -> dict[str, Any]:
-    """What :func:`publish` counted: ``{"failures": n, "lastError": ..., "lastPod": ..., "updated": t}``."""
+    """What :func:`publish` and :func:`clear` counted:
+    ``{"failures": n, "lastError": ..., "lastPod": ..., "updated": t}``."""
     try:
         with open(os.path.join(cache_dir, STATS_FILE)) as f:
             data = json.load(f)
