@@ -12,6 +12,7 @@ an unknown claim unprepared); then shared mode by claim.
 from __future__ import annotations
 
 import calendar
+import functools
 import json
 import os
 import re
@@ -81,6 +82,16 @@ def bonds_of(bins: Binaries, name: str) -> dict[str, str]:
     return {a["ifname"]: a["addr_info"][0]["local"] for a in out if a["ifname"].startswith("bond")}
 
 
+def wait_exact(before: dict[str, Any], timeout: float = 60) -> None:
+    """The node's addresses, routes, rules and GIDs as ``before``; on timeout, which differ."""
+    try:
+        w.wait("the node exactly as before the pods", lambda: w.node_network(NODE) == before, timeout)
+    except TimeoutError as e:
+        now = w.node_network(NODE)
+        diff = {k: (before[k], now[k]) for k in before if before[k] != now[k]}
+        raise AssertionError(f"{e}: differs in {json.dumps(diff)[:3000]}") from None
+
+
 def env_of(bins: Binaries, name: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in w.pod_exec(bins, name, "env").split("\n") if "=" in line)
 
@@ -130,7 +141,85 @@ def test_a_bond_set_down_is_tainted_within_a_second_and_untainted_when_it_comes_
 # --------------------------------------------------------------------------- the seed's pods, unchanged
 
 
+def test_seed_statefulset_unchanged_runs_two_pods_with_four_bonds_each_and_two_stay_pending(
+    kube: Binaries, baseline: dict[str, Any]
+) -> None:
+    w.apply(kube, w.seed_statefulset())
+    w.wait("two seed pods ready", lambda: sum(w.ready(p) for p in w.pods(kube, SEED)) == 2, 240)
+    message = w.wait("ibv-app-2 unschedulable", functools.partial(d.unschedulable, kube, "ibv-app-2"), 60)
+    assert "cannot allocate all claims" in message or "Insufficient" in message, message
+    time.sleep(3)  # nothing more starts
+    ps = w.pods(kube, SEED)
+    running = sorted(p["metadata"]["name"] for p in ps if w.ready(p))
+    pending = sorted(p["metadata"]["name"] for p in ps if p["status"].get("phase") == "Pending")
+    # the StatefulSet starts its pods in order (podManagementPolicy OrderedReady, the seed's default):
+    # ibv-app-3 is never created while ibv-app-2 waits, so two replicas stay unscheduled
+    assert running == ["ibv-app-0", "ibv-app-1"] and pending == ["ibv-app-2"], (running, pending)
+    sts = json.loads(kubectl(kube, "get", "statefulset", "ibv-app", "-o", "json").stdout)
+    assert sts["spec"]["replicas"] == 4 and sts["status"].get("readyReplicas") == 2
+    # no device-plugin resource on this node: the scheduler served tke-shared-rdma through DRA
+    assert w.node_capacity(kube, NODE.name) == (0, 0)
+    held: set[str] = set()
+    for name in running:
+        (claim,) = d.claims_of(kube, name)
+        devs = sorted(r["device"] for r in d.results(claim))
+        assert len(devs) == 4 and all(r["driver"] == d.DRIVER for r in d.results(claim))
+        assert not held & set(devs), "no bond in two pods"
+        held |= set(devs)
+        bonds = bonds_of(kube, name)
+        assert sorted(bonds) == devs, "the claim's bonds, and only those, in the pod"
+        for ifname, address in bonds.items():
+            assert address == topo.bond_ip(1, int(ifname.removeprefix("bond"))), "the bond's own IP"
+        indexes = sorted(int(b.removeprefix("bond")) for b in devs)
+        infiniband = set(w.pod_exec(kube, name, "ls", "/dev/infiniband").split())
+        want = {f"{k}{i}" for i in indexes for k in ("uverbs", "umad", "issm")} | {"rdma_cm"}
+        assert infiniband == want
+        env = env_of(kube, name)
+        assert env["NCCL_IB_GID_INDEX"] == "3", "the host's RoCE v2 index, unified"
+        assert env["NCCL_IB_HCA"].lstrip("=").split(",") == [f"mlx5_bond_{i}" for i in indexes]
+    node = w.node_network(NODE)
+    for b in held:
+        ipv4 = [a for a, _ in node["addr"].get(b, []) if ":" not in a]
+        assert ipv4 == [], f"{b}'s address moved into its pod, not copied"
+
+
+def test_seed_scaled_to_zero_leaves_the_node_exact_and_the_claims_unprepared(
+    kube: Binaries, baseline: dict[str, Any]
+) -> None:
+    w.scale_to_zero(kube, "statefulset/ibv-app", SEED)
+    wait_exact(baseline)
+    w.wait("no prepared claim left", lambda: not d.prepared_records(NODE) and not d.cdi_specs(NODE), 30)
+    kubectl(kube, "delete", "statefulset", "ibv-app", "--wait=true")
+
+
 # --------------------------------------------------------------------------- GPU <-> NIC alignment
+
+
+def test_two_gpu_nic_pairs_by_pcie_root_each_get_a_nic_under_their_gpus_root(
+    kube: Binaries, baseline: dict[str, Any]
+) -> None:
+    w.apply(kube, d.example("gpu-nic-pairs-2.yaml"))
+    try:
+        w.wait("gpu-nic-pairs-2 ready", lambda: w.ready(pod(kube, "gpu-nic-pairs-2")), 180)
+        (claim,) = d.claims_of(kube, "gpu-nic-pairs-2")
+        got = {r["request"]: r for r in d.results(claim)}
+        assert sorted(got) == ["gpu-0", "gpu-1", "nic-0", "nic-1"]
+        gpus, nics = d.devices(kube, GPU_DRIVER, NODE.name), d.devices(kube, node=NODE.name)
+        for i in range(2):
+            gpu, nic = got[f"gpu-{i}"], got[f"nic-{i}"]
+            assert gpu["driver"] == GPU_DRIVER and nic["driver"] == d.DRIVER
+            assert gpus[gpu["device"]]["attrs"][d.ROOT] == nics[nic["device"]]["attrs"][d.ROOT], (gpu, nic)
+        # the network is the CNI's: the claim's bonds, with their IPs, in the pod
+        assert sorted(bonds_of(kube, "gpu-nic-pairs-2")) == sorted(
+            got[f"nic-{i}"]["device"] for i in range(2)
+        )
+        env = env_of(kube, "gpu-nic-pairs-2")
+        assert {k for k in env if k.startswith("GPU_")} == {
+            f"GPU_{gpus[got[f'gpu-{i}']['device']]['attrs']['index']}_PCIE_ROOT" for i in range(2)
+        }, "the GPU driver's CDI devices reached the container"
+    finally:
+        kubectl(kube, "delete", "pod", "gpu-nic-pairs-2", "--wait=true", check=False)
+    wait_exact(baseline)
 
 
 def _one_root_claim(n: int) -> str:
@@ -258,6 +347,35 @@ def _state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
+def test_the_driver_killed_mid_prepare_is_retried_by_kubelet_and_nothing_is_doubled(
+    kube: Binaries, baseline: dict[str, Any]
+) -> None:
+    armed = NODE.dir("/run/rdma-cni") / os.path.basename(d.FAILPOINT_FILE)
+    armed.touch()
+    try:
+        w.apply(kube, d.example("gpu-nic-pairs-1.yaml"))
+        pid = _driver_pid()
+        # the failpoint stops the driver after the CDI spec is written, before the claim's record
+        w.wait("the driver stopped mid-prepare", lambda: _state(pid) == "T", 120, 0.1)
+        armed.unlink()
+        os.kill(pid, signal.SIGKILL)
+        w.wait(
+            "gpu-nic-pairs-1 ready after kubelet's retry", lambda: w.ready(pod(kube, "gpu-nic-pairs-1")), 180
+        )
+        (claim,) = d.claims_of(kube, "gpu-nic-pairs-1")
+        uid = claim["metadata"]["uid"]
+        assert [r for r in d.prepared_records(NODE) if uid in r] == [r for r in d.prepared_records(NODE)], (
+            "exactly this claim's record"
+        )
+        assert len([s for s in d.cdi_specs(NODE) if uid in s]) == 1 == len(d.cdi_specs(NODE))
+        assert len(bonds_of(kube, "gpu-nic-pairs-1")) == 1
+    finally:
+        armed.unlink(missing_ok=True)
+        kubectl(kube, "delete", "pod", "gpu-nic-pairs-1", "--wait=true", check=False)
+    wait_exact(baseline)
+    w.wait("no prepared claim left", lambda: not d.prepared_records(NODE) and not d.cdi_specs(NODE), 30)
+
+
 def _registered_lines(bins: Binaries) -> list[str]:
     (p,) = w.pods(bins, DS, "kube-system")
     out = kubectl(
@@ -301,3 +419,43 @@ def test_unprepare_of_an_unknown_claim_succeeds(kube: Binaries) -> None:
         )
         resp = stub.NodeUnprepareResources(req, timeout=10)
     assert uid in resp.claims and resp.claims[uid].error == ""
+
+
+# --------------------------------------------------------------------------- shared mode by claim
+
+
+def test_shared_mode_by_claim_four_pods_share_every_bond_with_addresses_of_their_own(
+    kube: Binaries, baseline: dict[str, Any]
+) -> None:
+    w.apply(kube, d.manifests(rdma_mode="shared"))
+    w.wait(
+        "shared devices published",
+        lambda: (
+            all(x.get("allowMultipleAllocations") for x in d.devices(kube, node=NODE.name).values())
+            and len(d.devices(kube, node=NODE.name)) == 8
+        ),
+        240,
+    )
+    w.wait_ready(kube, DS, 1, "kube-system", timeout=240)
+    w.use_macvlan_link(NODE)
+    shared_base = w.node_network(NODE)
+    w.apply(kube, d.example("shared-claim.yaml"))
+    try:
+        ps = w.wait_ready(kube, "app=rdma-shared", 4, timeout=240)
+        addrs: dict[str, dict[str, str]] = {}
+        for p in ps:
+            name = p["metadata"]["name"]
+            (claim,) = d.claims_of(kube, name)
+            assert sorted(r["device"] for r in d.results(claim)) == [f"bond{b}" for b in range(topo.BONDS)]
+            addrs[name] = bonds_of(kube, name)
+            assert sorted(addrs[name]) == [f"bond{b}" for b in range(topo.BONDS)]
+        for b in range(topo.BONDS):
+            mine = [a[f"bond{b}"] for a in addrs.values()]
+            assert len(set(mine)) == 4, f"each pod its own address on bond{b}: {mine}"
+        a, b2 = list(addrs)[:2]
+        out = kubectl(kube, "exec", a, "--", "ping", "-c", "1", "-W", "3", addrs[b2]["bond0"], check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        kubectl(kube, "delete", "deployment", "rdma-shared", "--wait=true", check=False)
+    w.wait_gone(kube, "app=rdma-shared")
+    wait_exact(shared_base)

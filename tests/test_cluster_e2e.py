@@ -12,6 +12,7 @@ rolling update, the API server down while a pod is deleted) and shared mode.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -54,6 +55,10 @@ def kube() -> Iterator[Binaries]:
                 cluster.down()
 
 
+def _offers(kube: Binaries, node: str, count: int) -> bool:
+    return w.node_capacity(kube, node) == (count, count)
+
+
 def nodes() -> list[Node]:
     return [Node(n) for n in range(1, NODES + 1)]
 
@@ -82,7 +87,7 @@ def test_daemonset_installs_on_labelled_nodes_and_each_node_offers_8(kube: Binar
     ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=240)
     assert sorted(p["spec"]["nodeName"] for p in ds) == [topo.node_name(n) for n in range(1, NODES + 1)]
     for nd in nodes():
-        w.wait(f"{nd.name} offers 8 {RDMA}", lambda nd=nd: w.node_capacity(kube, nd.name) == (8, 8), 60)
+        w.wait(f"{nd.name} offers 8 {RDMA}", functools.partial(_offers, kube, nd.name, 8), 60)
         # the install container laid the bundle and the configs into that node's own directories
         assert (nd.dir("/opt/cni/bin") / "rdma-multus").exists()
         assert (nd.dir("/etc/cni/net.d") / "00-rdma-multus.conflist").is_file()
@@ -237,8 +242,7 @@ def test_the_shipped_serviceaccount_can_do_what_the_product_needs_and_nothing_mo
 def test_scaled_to_zero_every_node_is_exact_and_scaled_back_all_run(
     kube: Binaries, baseline: dict[str, dict[str, Any]]
 ) -> None:
-    kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=0")
-    w.wait_gone(kube, SEED)
+    w.scale_to_zero(kube, "statefulset/ibv-app", SEED)
     wait_exact(baseline)
     kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
     w.wait_ready(kube, SEED, 4)
@@ -405,8 +409,8 @@ def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back(
 def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
     kube: Binaries, baseline: dict[str, dict[str, Any]]
 ) -> None:
+    w.scale_to_zero(kube, "statefulset/ibv-app", SEED)
     kubectl(kube, "delete", "statefulset", "ibv-app", "--ignore-not-found", "--wait=true", timeout=180)
-    w.wait_gone(kube, SEED)
     wait_exact(baseline)
     w.apply(kube, w.product_manifest(rdma_mode="shared", tag="0.1.1"))
     kubectl(
@@ -415,7 +419,7 @@ def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
     for nd in nodes():
         w.wait(
             f"{nd.name} offers 1000 shared devices",
-            lambda nd=nd: w.node_capacity(kube, nd.name) == (1000, 1000),
+            functools.partial(_offers, kube, nd.name, 1000),
             120,
         )
     for nd in nodes():  # this kernel has no IPVLAN: the delegate's documented macvlan link

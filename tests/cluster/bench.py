@@ -11,6 +11,13 @@ pod's phase is Running with its container started, polled every 50 ms), for:
 "first" is the first seed pod after the DaemonSet came up; then ``--runs`` warm ones. Each pod is
 deleted and its bonds are back on the node before the next starts. Also: how long after a kubelet
 restart (SIGTERM) its device plugin offers 8 bonds again (kubelet's PodResources view).
+
+``--dra`` then switches the node to the DRA variant (``conf/k8s/dra/``: the same seed pod, unchanged,
+served through the DeviceClass's extendedResourceName) and times the same seed pods through it,
+interleaved with reference pods again, for the ratio DRA / device plugin; and NodePrepareResources of
+a running seed pod's 4-bond claim, called on the driver's socket as kubelet calls it (each call
+after an unprepare, so the whole path runs: the claim read from the API server, the CDI spec and the
+records written).
 """
 
 from __future__ import annotations
@@ -24,13 +31,16 @@ import sys
 import time
 from collections.abc import Sequence
 
+import grpc
 import yaml
 
 from cluster import build, cluster
+from cluster import dra as d
 from cluster import workloads as w
 from cluster.build import Binaries
 from cluster.cluster import kubectl
 from cluster.node import Node
+from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
 
 def pod_doc(name: str, rdma: bool) -> str:
@@ -66,10 +76,51 @@ def one(bins: Binaries, name: str, rdma: bool) -> float:
     return took
 
 
+def seed_and_reference(
+    bins: Binaries, nd: Node, clean: object, runs: int, tag: str
+) -> tuple[list[float], list[float]]:
+    seed, ref = [], []
+    for i in range(runs):
+        ref.append(one(bins, f"ref-{tag}{i}", False))
+        seed.append(one(bins, f"seed-{tag}{i}", True))
+        w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
+    return seed, ref
+
+
+def prepare_p50(bins: Binaries, nd: Node, runs: int) -> float:
+    """NodePrepareResources of a running seed pod's claim, after an unprepare each time (ms)."""
+    kubectl(bins, "create", "-f", "-", stdin=pod_doc("seed-prepare", True))
+    w.wait("seed-prepare Running", lambda: running(bins, "seed-prepare"), 180, 0.05)
+    (claim,) = d.claims_of(bins, "seed-prepare")
+    meta = claim["metadata"]
+    ref = dra_v1_pb2.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])
+    took = []
+    with grpc.insecure_channel(f"unix:{d.driver_socket(nd)}") as ch:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+        for _ in range(runs):
+            stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[ref]), timeout=30)
+            t0 = time.monotonic()
+            out = stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=30)
+            took.append((time.monotonic() - t0) * 1000)
+            assert not out.claims[meta["uid"]].error and len(out.claims[meta["uid"]].devices) == 4, out
+    kubectl(bins, "delete", "pod", "seed-prepare", "--wait=true", timeout=180)
+    return statistics.median(took)
+
+
+def switch_to_dra(bins: Binaries, nd: Node) -> None:
+    w.apply(bins, d.manifests())
+    kubectl(
+        bins, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
+    )
+    w.wait("the driver's 8 devices", lambda: len(d.devices(bins, node=nd.name)) == 8, 120)
+    w.wait("no device-plugin tke-shared-rdma", lambda: w.node_capacity(bins, nd.name)[1] == 0, 120)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s", stream=sys.stderr)
     p = argparse.ArgumentParser(prog="scripts/bench-cluster")
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--dra", action="store_true", help="also the same pods through the DRA driver")
     a = p.parse_args(argv)
     with cluster.exclusive():
         try:
@@ -85,12 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             clean = w.node_network(nd)
             first = one(bins, "seed-first", True)
             w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
-            seed, ref = [], []
-            for i in range(a.runs):
-                ref.append(one(bins, f"ref-{i}", False))
-                seed.append(one(bins, f"seed-{i}", True))
-                w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
+            seed, ref = seed_and_reference(bins, nd, clean, a.runs, "")
             back = w.restart_kubelet(nd, signal.SIGTERM)
+            if a.dra:
+                switch_to_dra(bins, nd)
+                dra_seed, dra_ref = seed_and_reference(bins, nd, clean, a.runs, "dra-")
+                prep = prepare_p50(bins, nd, 20)
         finally:
             cluster.down()
     p50s, p50r = statistics.median(seed), statistics.median(ref)
@@ -105,6 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"kubelet restarted (SIGTERM): device plugin's 8 bonds offered again {back:.2f} s after kubelet.sock"
     )
+    if a.dra:
+        p50d, p50dr = statistics.median(dra_seed), statistics.median(dra_ref)
+        print(
+            f"DRA: seed pod (unchanged, extendedResourceName) creation->Running warm p50 of {a.runs}: "
+            f"{p50d:.2f} s (min {min(dra_seed):.2f}, max {max(dra_seed):.2f}); reference p50 {p50dr:.2f} s"
+        )
+        print(
+            f"ratio DRA / device plugin (seed p50): {p50d / p50s:.2f} (goal <= 1.2); "
+            f"against each phase's reference: {(p50d / p50dr) / (p50s / p50r):.2f}"
+        )
+        print(f"NodePrepareResources, a 4-bond claim on the real API server, p50 of 20: {prep:.1f} ms")
     return 0
 
 

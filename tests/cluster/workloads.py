@@ -82,6 +82,27 @@ def wait_gone(bins: Binaries, selector: str, namespace: str = "default", timeout
     wait(f"no pods {selector} left", lambda: not pods(bins, selector, namespace), timeout)
 
 
+def scale_to_zero(bins: Binaries, workload: str, selector: str, namespace: str = "default") -> None:
+    """Scale ``workload`` (``statefulset/ibv-app``) to 0 and wait until its pods are gone. The seed's
+    container is ``sh -c ... sleep`` (PID 1 ignores SIGTERM) with the default 30 s grace period, and a
+    StatefulSet removes its pods one at a time: its pods' grace is cut to 1 s (the API lets a
+    deletion shorten it), which changes when the container is killed, not how the CNI DEL runs."""
+    kubectl(bins, "scale", workload, "-n", namespace, "--replicas=0")
+    kubectl(
+        bins,
+        "delete",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        selector,
+        "--grace-period=1",
+        "--wait=false",
+        check=False,
+    )
+    wait_gone(bins, selector, namespace)
+
+
 def seed_statefulset(image: str = TEST_IMAGE, replicas: int | None = None) -> str:
     """The seed's StatefulSet, only its image replaced (and the replica count when asked)."""
     doc = yaml.safe_load(SEED_STATEFULSET.read_text())
