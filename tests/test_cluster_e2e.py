@@ -382,7 +382,7 @@ def test_a_rolling_update_to_a_new_image_tag_loses_nothing(kube: Binaries) -> No
     assert {nd.name: w.node_network(nd) for nd in nodes()} == net
 
 
-def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back(
+def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back_and_logs_the_status(
     kube: Binaries, baseline: dict[str, dict[str, Any]]
 ) -> None:
     victim = pod(kube, "ibv-app-3")
@@ -400,6 +400,13 @@ def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back(
                 for ifname, ip in held.items()
             ),
             90,
+        )
+        # and rdma-multus's DEL tried to clear the pod's network-status, failed softly, and said so
+        log = nd.dir("/var/log/rdma-cni") / "rdma-multus.log"
+        w.wait(
+            "the DEL's network-status failure in the node's rdma-multus log",
+            lambda: "default/ibv-app-3: k8s.v1.cni.cncf.io/network-status not cleared" in log.read_text(),
+            30,
         )
     finally:
         cluster.start_again("kube-apiserver")
