@@ -1,7 +1,7 @@
 """``scripts/cluster up`` cut short: killed with -9 its leftovers are swept by the next ``up``, and a
-SIGTERM makes it remove what it made itself. Both cut it once the control plane runs, when it has
-made every kind of thing ``down`` removes (processes, network and mount namespaces, mounts, cgroups,
-files).
+SIGTERM makes it remove what it made itself. Both cut it as soon as it has made every kind of thing
+``down`` removes: a process (the simulated node's), network and mount namespaces, mounts, cgroups,
+files; later steps only add more of the same kinds.
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ def start_up() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "cluster.main", "up"], env=env, stdin=subprocess.DEVNULL)
 
 
-def wait_for_control_plane(up: subprocess.Popen[bytes]) -> State:
+def wait_for_every_kind(up: subprocess.Popen[bytes]) -> State:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         st = State.load()
-        if any(p.name == "kube-scheduler" for p in st.procs) and st.cgroups and st.mntns:
+        if st.procs and st.cgroups and st.mntns and st.netns and st.mountpoints:
             return st
         assert up.poll() is None, f"up ended early ({up.returncode})"
-        time.sleep(0.2)
-    raise AssertionError("up did not start the control plane within 300 s")
+        time.sleep(0.05)
+    raise AssertionError("up did not get that far within 300 s")
 
 
 def leftovers(st: State) -> list[str]:
@@ -65,7 +65,7 @@ def leftovers(st: State) -> list[str]:
 
 def test_an_up_killed_with_9_is_swept_by_the_next_up(no_cluster: None) -> None:
     up = start_up()
-    killed = wait_for_control_plane(up)
+    killed = wait_for_every_kind(up)
     up.kill()
     up.wait()
     assert leftovers(killed), "a run killed with -9 leaves its components running"
@@ -82,7 +82,7 @@ def test_an_up_killed_with_9_is_swept_by_the_next_up(no_cluster: None) -> None:
 
 def test_a_sigterm_during_up_removes_what_it_made(no_cluster: None) -> None:
     up = start_up()
-    made = wait_for_control_plane(up)
+    made = wait_for_every_kind(up)
     up.send_signal(signal.SIGTERM)
     assert up.wait(timeout=120) != 0
     assert leftovers(made) == []

@@ -34,9 +34,13 @@ def check_device_plugin(view: DevicePluginView | None) -> list[Finding]:
     """Registered? How many devices, how many healthy, each one's NUMA node; kubelet agrees?"""
     if view is None:
         return []
+    if view.dra_registration:
+        return [_served_by_dra(view)]
     if view.status is None:
         return [_without_status(view)]
     st = view.status
+    if view.status_stale:
+        return [_stale(view, st)]
     if isinstance(st.get("pools"), list):
         return check_pools(view, [p for p in st["pools"] if isinstance(p, dict)])
     out = [_registration(view, st)]
@@ -172,6 +176,38 @@ def _pool_kubelet(
             "if it stays, restart rdma-device-plugin",
         )
     ]
+
+
+def _served_by_dra(view: DevicePluginView) -> Finding:
+    """The DaemonSet's DRA variant: rdma-dra-driver serves the bonds and no device plugin should.
+    A device plugin's status left from before the switch is stale, not a failure; one that still
+    runs and is registered makes two sources of one resource on one node."""
+    st = view.status
+    if st is not None and not view.status_stale and st.get("registered") is True:
+        return Finding(
+            "device-plugin",
+            WARN,
+            f"both rdma-device-plugin (pid {st.get('pid', '?')}) and rdma-dra-driver "
+            f"({view.dra_registration}) serve RDMA devices on this node",
+            "one node serves the resource from one of them: apply only one of conf/k8s/rdma-cni.yaml "
+            "and conf/k8s/dra/",
+        )
+    left = f"; the device plugin's last status (pid {st.get('pid', '?')}) is stale" if st else ""
+    return Finding(
+        "device-plugin",
+        OK,
+        f"RDMA devices are served through DRA by rdma-dra-driver ({view.dra_registration}){left}",
+    )
+
+
+def _stale(view: DevicePluginView, st: dict[str, Any]) -> Finding:
+    return Finding(
+        "device-plugin",
+        FAIL,
+        f"rdma-device-plugin (pid {st.get('pid', '?')}) is not running: {view.status_path} is what it "
+        f"last wrote; kubelet gets no {view.resource} from it",
+        "see the DaemonSet's rdma-device-plugin container (kubectl -n kube-system describe pod ...)",
+    )
 
 
 def _without_status(view: DevicePluginView) -> Finding:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
 from rdma_cni.cni.errors import CniError
+from rdma_cni.devices.dra_names import DRIVER as DRA_DRIVER
 from rdma_cni.kube import podresources
 
 DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
@@ -38,6 +40,8 @@ class DevicePluginView:
     allocatable: list[tuple[str, tuple[int, ...]]] | None  # (device ID, NUMA) of ``resource``
     kubelet_error: str  # "" = answered; ABSENT = no socket; else the client's sentence
     allocatable_by: dict[str, int] | None = None  # resource -> kubelet's allocatable count (every pool)
+    dra_registration: str = ""  # rdma-dra-driver's registration socket when it exists: a DRA node
+    status_stale: bool = False  # its pid no longer runs and kubelet has none of it: a stopped plugin
 
     def allocated(self) -> dict[str, str]:
         """Device ID of ``resource`` -> "namespace/name" of the pod kubelet gave it to."""
@@ -77,8 +81,36 @@ def observe_device_plugin(
         except CniError as err:
             kubelet_error = err.msg
     return DevicePluginView(
-        resource, status_path, status, status_error, sock, pods, alloc, kubelet_error, counts
+        resource, status_path, status, status_error, sock, pods, alloc, kubelet_error, counts,
+        dra_registration(pod_resources_dir),
+        # stale: the plugin that wrote it is gone and kubelet has nothing of its resource
+        status is not None and not alloc and not _pid_runs(status.get("pid")),
     )
+
+
+def dra_registration(pod_resources_dir: str) -> str:
+    """rdma-dra-driver's registration socket under the same kubelet root, when it is there: the
+    node serves the RDMA resource through DRA (the DaemonSet's DRA variant), not a device plugin."""
+    root = os.path.dirname(os.path.normpath(pod_resources_dir))
+    path = os.path.join(root, "plugins_registry", f"{DRA_DRIVER}-reg.sock")
+    try:
+        return path if stat.S_ISSOCK(os.stat(path).st_mode) else ""
+    except OSError:
+        return ""
+
+
+def _pid_runs(pid: object) -> bool:
+    """Whether the plugin's recorded pid still runs (the DaemonSet shares the node's PIDs); an
+    unknown pid counts as running, so only a provably gone plugin is called stale."""
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _read_status(path: str) -> tuple[dict[str, Any] | None, str]:
