@@ -364,10 +364,17 @@ def test_the_driver_killed_mid_prepare_is_retried_by_kubelet_and_nothing_is_doub
         )
         (claim,) = d.claims_of(kube, "gpu-nic-pairs-1")
         uid = claim["metadata"]["uid"]
-        assert [r for r in d.prepared_records(NODE) if uid in r] == [r for r in d.prepared_records(NODE)], (
-            "exactly this claim's record"
+        # exactly this claim's record and spec (a write under way may still hold its temp file a moment)
+        w.wait(
+            "one record, one spec",
+            lambda: (
+                d.prepared_records(NODE) == [f"{uid}.json"]
+                and len(d.cdi_specs(NODE)) == 1
+                and uid in d.cdi_specs(NODE)[0]
+            ),
+            10,
+            0.1,
         )
-        assert len([s for s in d.cdi_specs(NODE) if uid in s]) == 1 == len(d.cdi_specs(NODE))
         assert len(bonds_of(kube, "gpu-nic-pairs-1")) == 1
     finally:
         armed.unlink(missing_ok=True)

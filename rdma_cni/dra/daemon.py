@@ -149,7 +149,7 @@ def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, s
     _log_devices(cfg, first, board.current()[1])
     driver = Driver(cfg, node, board, api, paths.state, paths.cdi_dir)
     for path in driver.sweep_orphans():
-        log.info("removed %s: a CDI spec of ours that no prepared claim names", path)
+        log.info("removed %s: a CDI spec of ours that no prepared claim names, or a cut-short write", path)
     publisher = Publisher(cfg, board, SlicePublisher(api, node))
     watch = NodeWatch(cfg, board, first, on_change=publisher.changed)
     threads = [threading.Thread(target=watch.run, args=(stop,), name="dra-health", daemon=True),

@@ -227,10 +227,11 @@ class Driver:
 
     # ------------------------------------------------------------------ start
     def sweep_orphans(self) -> list[str]:
-        """Remove CDI specs of ours that no record names (see :mod:`.prepared`); their paths."""
+        """Remove CDI specs of ours that no record names (see :mod:`.prepared`), and the temp files of
+        record writes a kill cut short; their paths."""
         known = set(self.records.uids())
         prefix = cdi.spec_path(self.cdi_dir, names.CDI_KIND, "")
-        removed = []
+        removed = self.records.sweep_temp()
         for path in glob.glob(glob.escape(prefix) + "*.json"):
             uid = path[len(prefix): -len(".json")]
             if uid not in known:

@@ -83,6 +83,18 @@ class PreparedClaims:
     def remove(self, uid: str) -> bool:
         return durable.remove(self.path(uid))
 
+    def sweep_temp(self) -> list[str]:
+        """Remove the temp files of record writes a kill cut short (only at start: no write of ours
+        runs then); their paths."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        gone = [os.path.join(self.dir, n) for n in names if n.startswith(durable.TEMP_PREFIX)]
+        for path in gone:
+            durable.remove(path)
+        return gone
+
     def uids(self) -> list[str]:
         try:
             names = os.listdir(self.dir)
