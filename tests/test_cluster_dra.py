@@ -87,9 +87,7 @@ def wait_exact(before: dict[str, Any], timeout: float = 60) -> None:
     try:
         w.wait("the node exactly as before the pods", lambda: w.node_network(NODE) == before, timeout)
     except TimeoutError as e:
-        now = w.node_network(NODE)
-        diff = {k: (before[k], now[k]) for k in before if before[k] != now[k]}
-        raise AssertionError(f"{e}: differs in {json.dumps(diff)[:3000]}") from None
+        raise AssertionError(f"{e}: {w.network_diff(before, w.node_network(NODE))}") from None
 
 
 def env_of(bins: Binaries, name: str) -> dict[str, str]:
@@ -124,17 +122,14 @@ def _tainted(bins: Binaries, dev: str) -> bool:
 
 
 def test_a_bond_set_down_is_tainted_within_a_second_and_untainted_when_it_comes_back(kube: Binaries) -> None:
-    try:
-        t0 = time.monotonic()
-        topo.ip("link", "set", "bond5", "down", netns=NODE.netns)
+    t0 = time.monotonic()
+    with w.bond_down(NODE, "bond5"):
         w.wait("bond5 tainted", lambda: _tainted(kube, "bond5"), 10, 0.05)
         took = time.monotonic() - t0
         taint = d.devices(kube, node=NODE.name)["bond5"]["taints"][0]
         assert taint["key"] == "rdma.tke.cloud.tencent.com/unhealthy" and taint["effect"] == "NoSchedule"
         assert took < 1.0, f"tainted {took:.2f} s after the link went down"
         assert not any(_tainted(kube, f"bond{b}") for b in range(topo.BONDS) if b != 5)
-    finally:
-        topo.ip("link", "set", "bond5", "up", netns=NODE.netns)
     w.wait("bond5 untainted", lambda: not _tainted(kube, "bond5"), 10, 0.05)
 
 
@@ -308,17 +303,16 @@ def test_a_claim_for_a_tainted_bond_is_not_allocated(kube: Binaries) -> None:
             "resourceClaims": [{"name": "c", "resourceClaimName": "wants-bond6"}],
         },
     }
-    topo.ip("link", "set", "bond6", "down", netns=NODE.netns)
-    try:
-        w.wait("bond6 tainted", lambda: _tainted(kube, "bond6"), 10, 0.05)
-        w.apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, p]}))
-        message = w.wait("wants-bond6 unschedulable", lambda: d.unschedulable(kube, "wants-bond6"), 60)
-        assert "cannot allocate all claims" in message, message
-        alloc = json.loads(kubectl(kube, "get", "resourceclaim", "wants-bond6", "-o", "json").stdout)
-        assert not alloc.get("status", {}).get("allocation"), "never allocated while tainted"
-    finally:
-        kubectl(kube, "delete", "pod,resourceclaim", "wants-bond6", "--wait=true", check=False)
-        topo.ip("link", "set", "bond6", "up", netns=NODE.netns)
+    with w.bond_down(NODE, "bond6"):
+        try:
+            w.wait("bond6 tainted", lambda: _tainted(kube, "bond6"), 10, 0.05)
+            w.apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, p]}))
+            message = w.wait("wants-bond6 unschedulable", lambda: d.unschedulable(kube, "wants-bond6"), 60)
+            assert "cannot allocate all claims" in message, message
+            alloc = json.loads(kubectl(kube, "get", "resourceclaim", "wants-bond6", "-o", "json").stdout)
+            assert not alloc.get("status", {}).get("allocation"), "never allocated while tainted"
+        finally:
+            kubectl(kube, "delete", "pod,resourceclaim", "wants-bond6", "--wait=true", check=False)
     w.wait("bond6 untainted", lambda: not _tainted(kube, "bond6"), 10, 0.05)
 
 

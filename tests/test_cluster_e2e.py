@@ -76,11 +76,15 @@ def bonds_of(bins: Binaries, name: str) -> dict[str, str]:
 
 def wait_exact(before: dict[str, dict[str, Any]], timeout: float = 60) -> None:
     """Every node's addresses, routes, rules and GIDs as ``before`` (DELs finish after the pods go)."""
-    w.wait(
-        "every node exactly as before the pods",
-        lambda: all(w.node_network(nd) == before[nd.name] for nd in nodes()),
-        timeout,
-    )
+    try:
+        w.wait(
+            "every node exactly as before the pods",
+            lambda: all(w.node_network(nd) == before[nd.name] for nd in nodes()),
+            timeout,
+        )
+    except TimeoutError as e:
+        diffs = {nd.name: w.network_diff(before[nd.name], w.node_network(nd)) for nd in nodes()}
+        raise AssertionError(f"{e}: {diffs}") from None
 
 
 def test_daemonset_installs_on_labelled_nodes_and_each_node_offers_8(kube: Binaries) -> None:

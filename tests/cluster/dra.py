@@ -72,6 +72,7 @@ def start_gpu_dra(bins: Binaries, node: Node) -> None:
     """The stand-in GPU DRA driver in the node's namespaces, recorded so ``down`` ends it, and its
     DeviceClass; returns once its slice is published."""
     kubectl(bins, "apply", "-f", "-", stdin=json.dumps(DEVICE_CLASS))
+    stop_gpu_dra(node)  # a reused cluster's: two would publish the one slice over each other
     repo = Path(__file__).resolve().parents[2]
     argv = [
         sys.executable,

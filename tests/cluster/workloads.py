@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,42 @@ def node_network(node: Node) -> dict[str, Any]:
         texts = {g.name: g.read_text().strip() for g in gdir.iterdir()}
         gids[dev.name] = {k: v for k, v in texts.items() if v != "0000:0000:0000:0000:0000:0000:0000:0000"}
     return {"addr": addrs, "route": routes, "rule": rules, "gid": gids}
+
+
+def network_diff(before: dict[str, Any], now: dict[str, Any]) -> str:
+    """Only what changed, per kind: ``-`` missing now, ``+`` new now (the whole tables hide it)."""
+    out = []
+    for kind in before:
+        b, n = before[kind], now.get(kind)
+        if b == n:
+            continue
+        if isinstance(b, list) and isinstance(n, list):
+            out += [f"{kind} - {x}" for x in b if x not in n] + [f"{kind} + {x}" for x in n if x not in b]
+        else:
+            keys = sorted(set(b) | set(n or {}))
+            out += [f"{kind} {k}: {b.get(k)} -> {(n or {}).get(k)}" for k in keys if b.get(k) != (n or {}).get(k)]
+    return "; ".join(out) or "nothing"
+
+
+@contextmanager
+def bond_down(node: Node, bond: str) -> Iterator[None]:
+    """The bond's link down for the block, then up with the routes it had. Setting a link down makes
+    the kernel drop every route through it, the policy tables' gateway routes included, and up brings
+    back only the prefix routes of its addresses: on a real node the network scripts add the rest
+    again; here the test that flapped the link does, so the node is exact for the tests after it."""
+    routes = [
+        r
+        for r in json.loads(topo.ip("-j", "route", "show", "table", "all", netns=node.netns).stdout or "[]")
+        if r.get("dev") == bond and r.get("gateway")
+    ]
+    topo.ip("link", "set", bond, "down", netns=node.netns)
+    try:
+        yield
+    finally:
+        topo.ip("link", "set", bond, "up", netns=node.netns)
+        for r in routes:
+            table = ("table", str(r["table"])) if r.get("table") else ()
+            topo.ip("route", "replace", r["dst"], "via", r["gateway"], "dev", bond, *table, netns=node.netns)
 
 
 def use_macvlan_link(node: Node) -> None:
