@@ -159,8 +159,8 @@ def network_diff(before: dict[str, Any], now: dict[str, Any]) -> str:
         if isinstance(b, list) and isinstance(n, list):
             out += [f"{kind} - {x}" for x in b if x not in n] + [f"{kind} + {x}" for x in n if x not in b]
         else:
-            keys = sorted(set(b) | set(n or {}))
-            out += [f"{kind} {k}: {b.get(k)} -> {(n or {}).get(k)}" for k in keys if b.get(k) != (n or {}).get(k)]
+            n = n or {}
+            out += [f"{kind} {k}: {b.get(k)} -> {n.get(k)}" for k in sorted(set(b) | set(n)) if b.get(k) != n.get(k)]
     return "; ".join(out) or "nothing"
 
 
