@@ -160,7 +160,8 @@ def network_diff(before: dict[str, Any], now: dict[str, Any]) -> str:
             out += [f"{kind} - {x}" for x in b if x not in n] + [f"{kind} + {x}" for x in n if x not in b]
         else:
             n = n or {}
-            out += [f"{kind} {k}: {b.get(k)} -> {n.get(k)}" for k in sorted(set(b) | set(n)) if b.get(k) != n.get(k)]
+            keys = sorted(set(b) | set(n))
+            out += [f"{kind} {k}: {b.get(k)} -> {n.get(k)}" for k in keys if b.get(k) != n.get(k)]
     return "; ".join(out) or "nothing"
 
 
