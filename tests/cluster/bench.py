@@ -113,7 +113,14 @@ def switch_to_dra(bins: Binaries, nd: Node) -> None:
         bins, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
     )
     w.wait("the driver's 8 devices", lambda: len(d.devices(bins, node=nd.name)) == 8, 120)
-    w.wait("no device-plugin tke-shared-rdma", lambda: w.node_capacity(bins, nd.name)[1] == 0, 120)
+    # kubelet keeps a stopped device plugin's resource registered for 5 minutes: until it drops it
+    # (capacity 0), its device manager claims the resource and the pod the scheduler served through DRA
+    # fails admission ("no healthy devices present": UnexpectedAdmissionError, seen here)
+    t0 = time.monotonic()
+    gone = lambda: w.node_capacity(bins, nd.name) == (0, 0)  # noqa: E731
+    w.wait("kubelet forgot the device plugin's resource", gone, 420, 5)
+    took = time.monotonic() - t0
+    logging.info("switched to DRA: kubelet dropped the device plugin's resource after %.0f s", took)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
