@@ -52,7 +52,9 @@ def pod_doc(name: str, rdma: bool) -> str:
     else:
         spec["containers"][0]["resources"] = {}
     spec["terminationGracePeriodSeconds"] = 1
-    spec["nodeName"] = "rdma-node-1"  # one node: the scheduler's pick is not what is measured
+    # One node, but through the scheduler (not nodeName): under DRA it is the scheduler that makes the
+    # pod's claim for tke-shared-rdma; a pod bound by nodeName has none and fails admission.
+    spec["nodeSelector"] = {"kubernetes.io/hostname": "rdma-node-1"}
     return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
 
 
@@ -107,15 +109,32 @@ def prepare_p50(bins: Binaries, nd: Node, runs: int) -> float:
     return statistics.median(took)
 
 
+def window_probe(bins: Binaries) -> str:
+    """A seed pod right after the switch: Running, failed (with kubelet's reason) or still Pending."""
+    kubectl(bins, "create", "-f", "-", stdin=pod_doc("seed-window", True))
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 120:
+            if running(bins, "seed-window"):
+                return f"Running after {time.monotonic() - t0:.1f} s"
+            st = json.loads(kubectl(bins, "get", "pod", "seed-window", "-o", "json").stdout)["status"]
+            if st.get("phase") == "Failed":
+                return f"Failed: {st.get('reason')}: {st.get('message')}"
+            time.sleep(0.2)
+        return f"not Running within 120 s: {json.dumps(st.get('conditions'))}"
+    finally:
+        kubectl(bins, "delete", "pod", "seed-window", "--wait=true", timeout=180)
+
+
 def switch_to_dra(bins: Binaries, nd: Node) -> None:
     w.apply(bins, d.manifests())
     kubectl(
         bins, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
     )
     w.wait("the driver's 8 devices", lambda: len(d.devices(bins, node=nd.name)) == 8, 120)
-    # kubelet keeps a stopped device plugin's resource registered for 5 minutes: until it drops it
-    # (capacity 0), its device manager claims the resource and the pod the scheduler served through DRA
-    # fails admission ("no healthy devices present": UnexpectedAdmissionError, seen here)
+    # kubelet keeps a stopped device plugin's resource registered for 5 minutes (capacity 8,
+    # allocatable 0): what a seed pod meets in that window is reported, then the window is waited out
+    logging.info("a seed pod while kubelet still has the device plugin's resource: %s", window_probe(bins))
     t0 = time.monotonic()
     gone = lambda: w.node_capacity(bins, nd.name) == (0, 0)  # noqa: E731
     w.wait("kubelet forgot the device plugin's resource", gone, 420, 5)
