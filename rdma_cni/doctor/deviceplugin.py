@@ -192,17 +192,6 @@ def _served_by_dra(view: DevicePluginView) -> Finding:
             "one node serves the resource from one of them: apply only one of conf/k8s/rdma-cni.yaml "
             "and conf/k8s/dra/",
         )
-    if view.kubelet_registered:
-        return Finding(
-            "device-plugin",
-            WARN,
-            f"kubelet still has {view.kubelet_registered} {view.resource} of the device plugin registered "
-            "from before this node switched to DRA: until it drops them (5 minutes after the device "
-            "plugin stopped) a pod asking for it fails admission (UnexpectedAdmissionError: no healthy "
-            "devices present)",
-            f"wait until `kubectl describe node` shows no {view.resource} capacity before starting such "
-            "pods, or drain the node before switching",
-        )
     left = f"; the device plugin's last status (pid {st.get('pid', '?')}) is stale" if st else ""
     return Finding(
         "device-plugin",

@@ -21,7 +21,7 @@ from typing import Any
 
 from rdma_cni.cni.errors import CniError
 from rdma_cni.devices.dra_names import DRIVER as DRA_DRIVER
-from rdma_cni.kube import checkpoint, podresources
+from rdma_cni.kube import podresources
 
 DEFAULT_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 STATUS_FILE = os.path.join("device-plugin", "status.json")
@@ -42,7 +42,6 @@ class DevicePluginView:
     allocatable_by: dict[str, int] | None = None  # resource -> kubelet's allocatable count (every pool)
     dra_registration: str = ""  # rdma-dra-driver's registration socket when it exists: a DRA node
     status_stale: bool = False  # its pid no longer runs and kubelet has none of it: a stopped plugin
-    kubelet_registered: int = 0  # devices of ``resource`` kubelet's device manager still has registered
 
     def allocated(self) -> dict[str, str]:
         """Device ID of ``resource`` -> "namespace/name" of the pod kubelet gave it to."""
@@ -86,13 +85,7 @@ def observe_device_plugin(
         dra_registration(pod_resources_dir),
         # stale: the plugin that wrote it is gone and kubelet has nothing of its resource
         status is not None and not alloc and not _pid_runs(status.get("pid")),
-        checkpoint.registered(device_plugin_dir(pod_resources_dir)).get(resource, 0),
     )
-
-
-def device_plugin_dir(pod_resources_dir: str) -> str:
-    """kubelet's device-plugin directory beside its PodResources one (both under its root)."""
-    return os.path.join(os.path.dirname(os.path.normpath(pod_resources_dir)), "device-plugins")
 
 
 def dra_registration(pod_resources_dir: str) -> str:

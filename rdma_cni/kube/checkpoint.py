@@ -45,22 +45,6 @@ def pod_devices(device_plugin_dir: str, pod_uid: str) -> dict[str, list[str]]:
     return out
 
 
-def registered(device_plugin_dir: str) -> dict[str, int]:
-    """Resource -> how many devices kubelet's device manager still has registered for it. Kubelet
-    keeps a stopped plugin's resource (and its capacity) for 5 minutes before it drops it and
-    rewrites the checkpoint; {} when there is no readable checkpoint: this is a diagnosis, never a
-    reason to fail."""
-    try:
-        with open(os.path.join(device_plugin_dir, CHECKPOINT), encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    regs = ((doc or {}).get("Data") or {}).get("RegisteredDevices") if isinstance(doc, dict) else None
-    if not isinstance(regs, dict):
-        return {}
-    return {str(r): len(_ids(ids)) for r, ids in regs.items()}
-
-
 def _ids(raw: Any) -> list[str]:
     if isinstance(raw, list):
         return [str(x) for x in raw]
