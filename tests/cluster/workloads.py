@@ -16,7 +16,7 @@ import yaml
 
 from cluster import topology as topo
 from cluster.build import Binaries
-from cluster.cluster import RDMA, kubectl, node_resources, restart
+from cluster.cluster import RDMA, kubectl, node_resources, restart, status
 from cluster.node import Node
 from rdma_cni.kube import podresources
 
@@ -75,8 +75,23 @@ def wait_ready(
         ps = [p for p in pods(bins, selector, namespace) if not p["metadata"].get("deletionTimestamp")]
         return ps if len(ps) == count and all(ready(p) for p in ps) else None
 
-    result: list[dict[str, Any]] = wait(f"{count} ready pods {selector} in {namespace}", check, timeout)
+    try:
+        result: list[dict[str, Any]] = wait(f"{count} ready pods {selector} in {namespace}", check, timeout)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{report(bins, namespace)}") from None
     return result
+
+
+def report(bins: Binaries, namespace: str = "default") -> str:
+    """What a timed-out wait saw: the pods and nodes as kubectl shows them and any component of the
+    cluster that is no longer running (a flake must say where to look)."""
+    parts = []
+    for args in (("get", "pods", "-n", namespace, "-o", "wide"), ("get", "nodes", "-o", "wide")):
+        out = kubectl(bins, *args, check=False, timeout=30)
+        parts.append(f"$ kubectl {' '.join(args)}\n{out.stdout}{out.stderr}")
+    dead = [line.strip() for line in status().splitlines() if "DEAD" in line]
+    parts.append("dead components: " + ("; ".join(dead) or "none"))
+    return "\n".join(parts)
 
 
 def wait_gone(bins: Binaries, selector: str, namespace: str = "default", timeout: float = 180) -> None:
