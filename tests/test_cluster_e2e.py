@@ -375,9 +375,7 @@ def test_the_daemonsets_pod_deleted_is_recreated_and_nothing_is_lost(kube: Binar
 def test_a_rolling_update_to_a_new_image_tag_loses_nothing(kube: Binaries) -> None:
     before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
     w.apply(kube, w.product_manifest(tag="0.1.1"))
-    kubectl(
-        kube, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
-    )
+    w.rollout(kube)
     ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=120)
     assert {p["spec"]["containers"][0]["image"] for p in ds} == {"rdma-cni:0.1.1"}
     for nd in nodes():
@@ -424,9 +422,7 @@ def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
     kubectl(kube, "delete", "statefulset", "ibv-app", "--ignore-not-found", "--wait=true", timeout=180)
     wait_exact(baseline)
     w.apply(kube, w.product_manifest(rdma_mode="shared", tag="0.1.1"))
-    kubectl(
-        kube, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
-    )
+    w.rollout(kube)
     for nd in nodes():
         w.wait(
             f"{nd.name} offers 1000 shared devices",

@@ -128,9 +128,7 @@ def window_probe(bins: Binaries) -> str:
 
 def switch_to_dra(bins: Binaries, nd: Node) -> None:
     w.apply(bins, d.manifests())
-    kubectl(
-        bins, "-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", "--timeout=400s", timeout=420
-    )
+    w.rollout(bins)
     w.wait("the driver's 8 devices", lambda: len(d.devices(bins, node=nd.name)) == 8, 120)
     # kubelet keeps a stopped device plugin's resource registered for 5 minutes (capacity 8,
     # allocatable 0): what a seed pod meets in that window is reported (seen: it runs through DRA)

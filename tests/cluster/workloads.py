@@ -82,6 +82,15 @@ def wait_ready(
     return result
 
 
+def rollout(bins: Binaries, timeout: float = 400) -> None:
+    """``kubectl rollout status`` of the product's DaemonSet; on failure, what the cluster looks like."""
+    argv = ("-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", f"--timeout={timeout:.0f}s")
+    out = kubectl(bins, *argv, check=False, timeout=timeout + 20)
+    if out.returncode != 0:
+        said = out.stderr.strip()[-2000:]
+        raise RuntimeError(f"kubectl {' '.join(argv)}: {said}\n{report(bins, 'kube-system')}")
+
+
 def report(bins: Binaries, namespace: str = "default") -> str:
     """What a timed-out wait saw: the pods and nodes as kubectl shows them and any component of the
     cluster that is no longer running (a flake must say where to look)."""
