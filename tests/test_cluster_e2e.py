@@ -412,7 +412,16 @@ def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back_
         )
     finally:
         cluster.start_again("kube-apiserver")
-    w.wait_ready(kube, SEED, 4, timeout=240)
+
+    def seeds_back() -> bool:
+        # kube-scheduler may exit once the API server is back (it found its cache corrupted, by
+        # design): start it again, as kubelet restarts it as a static pod on a real node
+        cluster.restart_if_dead("kube-scheduler")
+        ps = [p for p in w.pods(kube, SEED) if not p["metadata"].get("deletionTimestamp")]
+        return len(ps) == 4 and all(w.ready(p) for p in ps)
+
+    w.wait("the 4 seed pods ready again", seeds_back, 240)
+    w.wait_ready(kube, SEED, 4, timeout=30)
 
 
 def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(

@@ -340,6 +340,8 @@ def start_again(name: str) -> Proc:
     logs, pki = WORK / "logs", WORK / "pki"
     if name == "kube-apiserver":
         new = control_plane.start_apiserver(bins, pki, logs, topo.node_netns(1))
+    elif name == "kube-scheduler":
+        new = control_plane.spawn_scheduler(bins, pki, logs, topo.node_netns(1))
     else:
         node_name, _, comp = name.partition("/")
         nd = Node(int(node_name.rsplit("-", 1)[1]))
@@ -352,6 +354,15 @@ def start_again(name: str) -> Proc:
     st.procs = [p for p in st.procs if p.name != name] + [new]
     st.save()
     return new
+
+
+def restart_if_dead(name: str) -> bool:
+    """Start a recorded component again if it exited (kubelet's job for a static pod); whether it did."""
+    p = next((p for p in State.load().procs if p.name == name), None)
+    if p is None or procs.alive(p):
+        return False
+    start_again(name)
+    return True
 
 
 def status() -> str:

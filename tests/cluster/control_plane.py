@@ -136,6 +136,27 @@ def start_apiserver(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
     return api
 
 
+def spawn_scheduler(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
+    """kube-scheduler, not waited for. Also to start it again: it exits by design when it finds its
+    cache corrupted ("Pod updated on a different node than previously added to", seen after the API
+    server came back), and on a real control-plane node kubelet restarts it as a static pod."""
+    return spawn(
+        "kube-scheduler",
+        [
+            bins.path("kube-scheduler"),
+            "--bind-address=127.0.0.1",
+            "--leader-elect=false",
+            "--profiling=false",
+            "-v=1",
+            f"--kubeconfig={pki / 'scheduler.kubeconfig'}",
+            f"--authentication-kubeconfig={pki / 'scheduler.kubeconfig'}",
+            f"--authorization-kubeconfig={pki / 'scheduler.kubeconfig'}",
+        ],
+        logs / "kube-scheduler.log",
+        netns,
+    )
+
+
 def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list[Proc]:
     """The four components in order, each waited for; a failure names the component with its log."""
     procs = [start_etcd(bins, pki, data, logs, netns), start_apiserver(bins, pki, logs, netns)]
@@ -161,18 +182,7 @@ def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list
         netns,
     )
     procs.append(kcm)
-    sched = spawn(
-        "kube-scheduler",
-        [
-            bins.path("kube-scheduler"),
-            *common,
-            f"--kubeconfig={pki / 'scheduler.kubeconfig'}",
-            f"--authentication-kubeconfig={pki / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={pki / 'scheduler.kubeconfig'}",
-        ],
-        logs / "kube-scheduler.log",
-        netns,
-    )
+    sched = spawn_scheduler(bins, pki, logs, netns)
     procs.append(sched)
     for proc, port in ((kcm, 10257), (sched, 10259)):
         url = f"https://127.0.0.1:{port}/healthz"
