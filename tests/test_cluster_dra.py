@@ -83,11 +83,7 @@ def bonds_of(bins: Binaries, name: str) -> dict[str, str]:
 
 
 def wait_exact(before: dict[str, Any], timeout: float = 60) -> None:
-    """The node's addresses, routes, rules and GIDs as ``before``; on timeout, which differ."""
-    try:
-        w.wait("the node exactly as before the pods", lambda: w.node_network(NODE) == before, timeout)
-    except TimeoutError as e:
-        raise AssertionError(f"{e}: {w.network_diff(before, w.node_network(NODE))}") from None
+    w.wait_exact([NODE], {NODE.name: before}, timeout)
 
 
 def env_of(bins: Binaries, name: str) -> dict[str, str]:

@@ -75,16 +75,7 @@ def bonds_of(bins: Binaries, name: str) -> dict[str, str]:
 
 
 def wait_exact(before: dict[str, dict[str, Any]], timeout: float = 60) -> None:
-    """Every node's addresses, routes, rules and GIDs as ``before`` (DELs finish after the pods go)."""
-    try:
-        w.wait(
-            "every node exactly as before the pods",
-            lambda: all(w.node_network(nd) == before[nd.name] for nd in nodes()),
-            timeout,
-        )
-    except TimeoutError as e:
-        diffs = {nd.name: w.network_diff(before[nd.name], w.node_network(nd)) for nd in nodes()}
-        raise AssertionError(f"{e}: {diffs}") from None
+    w.wait_exact(nodes(), before, timeout)
 
 
 def test_daemonset_installs_on_labelled_nodes_and_each_node_offers_8(kube: Binaries) -> None:
@@ -412,16 +403,7 @@ def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back_
         )
     finally:
         cluster.start_again("kube-apiserver")
-
-    def seeds_back() -> bool:
-        # kube-scheduler may exit once the API server is back (it found its cache corrupted, by
-        # design): start it again, as kubelet restarts it as a static pod on a real node
-        cluster.restart_if_dead("kube-scheduler")
-        ps = [p for p in w.pods(kube, SEED) if not p["metadata"].get("deletionTimestamp")]
-        return len(ps) == 4 and all(w.ready(p) for p in ps)
-
-    w.wait("the 4 seed pods ready again", seeds_back, 240)
-    w.wait_ready(kube, SEED, 4, timeout=30)
+    w.wait_ready(kube, SEED, 4, timeout=240)
 
 
 def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 import yaml
@@ -79,13 +80,13 @@ def one(bins: Binaries, name: str, rdma: bool) -> float:
 
 
 def seed_and_reference(
-    bins: Binaries, nd: Node, clean: object, runs: int, tag: str
+    bins: Binaries, nd: Node, clean: dict[str, Any], runs: int, tag: str
 ) -> tuple[list[float], list[float]]:
     seed, ref = [], []
     for i in range(runs):
         ref.append(one(bins, f"ref-{tag}{i}", False))
         seed.append(one(bins, f"seed-{tag}{i}", True))
-        w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
+        w.wait_exact([nd], {nd.name: clean})
     return seed, ref
 
 
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             w.wait("capacity", lambda: w.kubelet_allocatable(nd) == 8, 120)
             clean = w.node_network(nd)
             first = one(bins, "seed-first", True)
-            w.wait("node exact", lambda: w.node_network(nd) == clean, 60)
+            w.wait_exact([nd], {nd.name: clean})
             seed, ref = seed_and_reference(bins, nd, clean, a.runs, "")
             back = w.restart_kubelet(nd, signal.SIGTERM)
             if a.dra:

@@ -136,6 +136,11 @@ def start_apiserver(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
     return api
 
 
+# kube-controller-manager's and kube-scheduler's: one control plane, so no leader election (a lost
+# lease would end them when the API server is away)
+COMMON = ("--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "-v=1")
+
+
 def spawn_scheduler(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
     """kube-scheduler, not waited for. Also to start it again: it exits by design when it finds its
     cache corrupted ("Pod updated on a different node than previously added to", seen after the API
@@ -144,10 +149,7 @@ def spawn_scheduler(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
         "kube-scheduler",
         [
             bins.path("kube-scheduler"),
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
-            "--profiling=false",
-            "-v=1",
+            *COMMON,
             f"--kubeconfig={pki / 'scheduler.kubeconfig'}",
             f"--authentication-kubeconfig={pki / 'scheduler.kubeconfig'}",
             f"--authorization-kubeconfig={pki / 'scheduler.kubeconfig'}",
@@ -160,12 +162,11 @@ def spawn_scheduler(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
 def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list[Proc]:
     """The four components in order, each waited for; a failure names the component with its log."""
     procs = [start_etcd(bins, pki, data, logs, netns), start_apiserver(bins, pki, logs, netns)]
-    common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", "-v=1"]
     kcm = spawn(
         "kube-controller-manager",
         [
             bins.path("kube-controller-manager"),
-            *common,
+            *COMMON,
             f"--kubeconfig={pki / 'controller-manager.kubeconfig'}",
             f"--authentication-kubeconfig={pki / 'controller-manager.kubeconfig'}",
             f"--authorization-kubeconfig={pki / 'controller-manager.kubeconfig'}",

@@ -6,6 +6,7 @@ them, look inside a pod, and read a node's network state to prove it exact after
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,9 +17,11 @@ import yaml
 
 from cluster import topology as topo
 from cluster.build import Binaries
-from cluster.cluster import RDMA, kubectl, node_resources, restart, status
+from cluster.cluster import RDMA, kubectl, node_resources, restart, restart_if_dead, status
 from cluster.node import Node
 from rdma_cni.kube import podresources
+
+log = logging.getLogger("cluster")
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "conf" / "k8s" / "rdma-cni.yaml"
@@ -72,6 +75,10 @@ def wait_ready(
     bins: Binaries, selector: str, count: int, namespace: str = "default", timeout: float = 180
 ) -> list[dict[str, Any]]:
     def check() -> list[dict[str, Any]] | None:
+        # kube-scheduler exits by design when it finds its cache corrupted (seen after the API server
+        # came back): start it again, as kubelet restarts it as a static pod on a real node
+        if restart_if_dead("kube-scheduler"):
+            log.warning("kube-scheduler had exited: started again")
         ps = [p for p in pods(bins, selector, namespace) if not p["metadata"].get("deletionTimestamp")]
         return ps if len(ps) == count and all(ready(p) for p in ps) else None
 
@@ -187,6 +194,20 @@ def network_diff(before: dict[str, Any], now: dict[str, Any]) -> str:
             keys = sorted(set(b) | set(n))
             out += [f"{kind} {k}: {b.get(k)} -> {n.get(k)}" for k in keys if b.get(k) != n.get(k)]
     return "; ".join(out) or "nothing"
+
+
+def wait_exact(nodes: list[Node], before: dict[str, dict[str, Any]], timeout: float = 60) -> None:
+    """Each node's addresses, routes, rules and GIDs as ``before[node.name]`` (DELs finish after the
+    pods go); on timeout, what differs on each node."""
+    try:
+        wait(
+            "every node exactly as before the pods",
+            lambda: all(node_network(nd) == before[nd.name] for nd in nodes),
+            timeout,
+        )
+    except TimeoutError as e:
+        diffs = {nd.name: network_diff(before[nd.name], node_network(nd)) for nd in nodes}
+        raise AssertionError(f"{e}: {diffs}") from None
 
 
 @contextmanager
