@@ -76,6 +76,29 @@ def test_a_second_agent_on_the_same_socket_refuses_to_start(agent: RunningAgent)
     assert os.path.exists(agent.sock)  # the first one's socket is untouched
 
 
+def _probe(sock: str, *extra: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "rdma_cni.cli.agent", "--probe", "--socket", sock, *extra]
+    return subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_readiness_probe_started_before_the_agent_waits_for_it_to_answer(tmp_path: Path) -> None:
+    """As kubelet runs it: the probe comes as the container starts, before the agent listens."""
+    early = _probe(str(tmp_path / "agent.sock"), "--probe-wait", "60")
+    time.sleep(2)
+    assert early.poll() is None, "the probe gave up before the agent listened"
+    running = start_agent(tmp_path)
+    try:
+        _, err = early.communicate(timeout=90)
+        assert early.returncode == 0, err
+        assert f"agent on {running.sock} serves rdma-macvlan" in err
+    finally:
+        stop(running.proc)
+    # nobody there, and a short wait: the same answer as without one, after it
+    gone = _probe(running.sock, "--probe-wait", "0.5")
+    _, err = gone.communicate(timeout=60)
+    assert gone.returncode == 1 and "no agent answered" in err, err
+
+
 def test_peer_that_is_not_root_is_refused_even_through_an_open_socket(
     agent: RunningAgent, tmp_path: Path
 ) -> None:

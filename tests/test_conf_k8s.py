@@ -244,7 +244,23 @@ def test_agent_runs_the_nodes_installed_bundle_with_real_flags() -> None:
     assert probe[:2] == agent["command"]
     probe_args = parse_args(probe[2:])
     assert probe_args.probe and probe_args.socket == args.socket
-    assert agent["readinessProbe"]["timeoutSeconds"] > probe_args.probe_timeout
+    # kubelet kills a probe at its timeout: the wait for a starting agent plus one probe fit inside
+    assert agent["readinessProbe"]["timeoutSeconds"] > probe_args.probe_wait + probe_args.probe_timeout
+    assert probe_args.probe_wait > 0 and agent["readinessProbe"]["initialDelaySeconds"] == 0
+
+
+def test_refresh_readiness_is_the_doctor_waiting_for_a_starting_node_inside_its_timeout() -> None:
+    """The doctor as the pod starts (no initial delay), looking again while the device plugin beside
+    it starts; its options are the real command's (click refuses one it does not have)."""
+    from rdma_cni.cli.tool_doctor import doctor
+
+    refresh = _container(_daemonset(), "refresh")
+    probe = refresh["readinessProbe"]
+    argv = probe["exec"]["command"]
+    assert argv[:2] == ["/opt/rdma-cni/bundle/cni-tool", "doctor"]
+    ctx = doctor.make_context("doctor", list(argv[2:]))
+    assert ctx.params["wait"] > 0 and probe["initialDelaySeconds"] == 0
+    assert probe["timeoutSeconds"] > ctx.params["wait"] + 10, "a last doctor run fits after the wait"
 
 
 def test_agent_serves_metrics_on_the_named_port_the_annotations_point_at() -> None:

@@ -19,7 +19,7 @@ import netns
 import pytest
 
 from rdma_cni.cni.cache import CacheEntry, ResultCache
-from rdma_cni.doctor.diagnose import run_checks
+from rdma_cni.doctor.diagnose import diagnose_until, run_checks
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding, exit_code
 from rdma_cni.doctor.inventory import inventory, render_inventory
 from rdma_cni.doctor.node import NodePaths, observe
@@ -403,6 +403,40 @@ def test_doctor_command_text_json_and_exit_codes(node: netns.Node, tmp_path: Pat
     # sees it outside the node netns with no attachment holding bond1, and says so.
     gid = next(f for f in report["findings"] if f["check"] == "roce-v2-gid mlx5_bond_1/1")
     assert gid["status"] == WARN and "no attachment holds bond1" in gid["detail"]
+
+
+def test_doctor_wait_looks_again_while_something_fails_and_answers_once_it_passes(
+    node: netns.Node, tmp_path: Path
+) -> None:
+    """The DaemonSet's readiness probe (``--wait``): a node that comes right between two looks is
+    Ready at the next look, not a probe period later; one that stays broken FAILs when the wait is
+    up, with what the last look saw."""
+    bonds_as_fixture(node, FIXTURE_BONDS)
+    p = paths(node, fixture_tree("host", tmp_path), tmp_path)
+    node.ip("addr", "flush", "dev", "bond1")
+    naps: list[float] = []
+
+    def bond1_comes_back(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 1:
+            node.ip("addr", "add", FIXTURE_BONDS["bond1"], "dev", "bond1")
+
+    assert exit_code(diagnose_until(p, 30, sleep=bond1_comes_back)) == 0
+    assert naps == [1.0], "one more look, at once after the node was ready"
+
+    node.ip("addr", "flush", "dev", "bond1")
+    now = [0.0]
+
+    def tick(seconds: float) -> None:
+        now[0] += seconds
+
+    findings = diagnose_until(p, 3.5, clock=lambda: now[0], sleep=tick)
+    assert now[0] == 3.0, "looked at 0, 1, 2 and 3 s, not past the wait"
+    assert [f.check for f in findings if f.status == FAIL] == ["bond bond1"]
+    out = cni_tool(p, "doctor", "--wait", "1")
+    assert out.returncode == 1 and out.stdout.splitlines()[-1].endswith("1 failures"), out.stdout
+    bad = cni_tool(p, "doctor", "--wait", "-1")
+    assert bad.returncode == 2 and "--wait" in bad.stderr, bad.stderr
 
 
 def test_state_command_names_the_pod_and_what_the_host_misses(node: netns.Node, tmp_path: Path) -> None:

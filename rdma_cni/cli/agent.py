@@ -2,7 +2,8 @@
 
 rdma-agent [--socket /run/rdma-cni/agent.sock] [--reconcile-interval 60] [--conf FILE ...]
            [--metrics-address HOST:PORT]
-rdma-agent --probe [--socket ...]   exit 0 when an agent answers a CNI VERSION call on the socket
+rdma-agent --probe [--socket ...] [--probe-wait S]   exit 0 when an agent answers a CNI VERSION call
+                                                    on the socket (asked again for up to S seconds)
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 from rdma_cni.agent import client
 from rdma_cni.agent.metrics import events as metrics_events
@@ -98,6 +100,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "answered (a readiness probe that goes through the whole protocol, worker fork included)",
     )
     ap.add_argument("--probe-timeout", type=float, default=5.0, help="seconds the probe waits for READY")
+    ap.add_argument(
+        "--probe-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="while no agent answers, ask again every 0.2 s for up to SECONDS (kubelet runs the "
+        "readiness probe as the container starts, before the agent listens)",
+    )
     return ap.parse_args(argv)
 
 
@@ -116,6 +126,22 @@ def probe(socket_path: str, timeout: float) -> tuple[bool, str]:
         detail = answer.stdout.strip()
         return False, f"agent on {socket_path} answered VERSION with exit {answer.code}: {detail}"
     return True, f"agent on {socket_path} serves {PROBE_PLUGIN}"
+
+
+PROBE_AGAIN_SECONDS = 0.2
+
+
+def probe_until(socket_path: str, timeout: float, wait: float) -> tuple[bool, str]:
+    """:func:`probe`, asked again while it fails, for up to ``wait`` seconds. Why: kubelet runs a
+    readiness probe that has no result yet as soon as the container runs, ~1 s before the agent
+    listens; a probe that answered at once left the pod not Ready until its next period (10 s),
+    which a rolling update waits for on every node. Connecting to an absent socket costs nothing."""
+    deadline = time.monotonic() + max(wait, 0.0)
+    ok, why = probe(socket_path, timeout)
+    while not ok and time.monotonic() + PROBE_AGAIN_SECONDS <= deadline:
+        time.sleep(PROBE_AGAIN_SECONDS)
+        ok, why = probe(socket_path, timeout)
+    return ok, why
 
 
 def _configure_logging(log_file: str, level: str) -> None:
@@ -178,7 +204,7 @@ def _note_metrics(record: dict[str, object], socket_path: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.probe:
-        ok, why = probe(args.socket, args.probe_timeout)
+        ok, why = probe_until(args.socket, args.probe_timeout, args.probe_wait)
         print(f"rdma-agent probe: {why}", file=sys.stderr)
         sys.exit(0 if ok else 1)
     _configure_logging(args.log_file, args.log_level)

@@ -8,7 +8,7 @@ import os
 
 import click
 
-from rdma_cni.doctor.diagnose import diagnose
+from rdma_cni.doctor.diagnose import diagnose_until
 from rdma_cni.doctor.findings import exit_code, render_json, render_text
 from rdma_cni.doctor.node import NodePaths
 
@@ -69,8 +69,18 @@ def paths_from(opts: dict[str, object]) -> NodePaths:
     help="with --pods: the API server for DRA devices' ResourceSlices (default: the pod's ServiceAccount, "
     "else <conf-dir>/rdma-multus.d/rdma-multus.kubeconfig)",
 )
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    help="while anything FAILs, look again every second for up to this many seconds (the DaemonSet's "
+    "readiness probe: its containers start together, the device plugin a moment after the probe)",
+)
 @click.pass_context
-def doctor(ctx: click.Context, /, as_json: bool, pods: bool, kubeconfig: str, **opts: object) -> None:
+def doctor(
+    ctx: click.Context, /, as_json: bool, pods: bool, kubeconfig: str, wait: float, **opts: object
+) -> None:
     """Check this node's RDMA prerequisites and the rdma-cni installation (exit 1 on any FAIL)."""
     paths = paths_from(opts)
     access = None
@@ -78,6 +88,6 @@ def doctor(ctx: click.Context, /, as_json: bool, pods: bool, kubeconfig: str, **
         from rdma_cni.doctor.pod_view import api_config  # lazy: ~65 ms, only for --pods (see diagnose)
 
         access = api_config(kubeconfig, paths.conf_dir, os.environ)
-    findings = diagnose(paths, access)
+    findings = diagnose_until(paths, wait, access)
     click.echo(render_json(findings) if as_json else render_text(findings), nl=False)
     ctx.exit(exit_code(findings))

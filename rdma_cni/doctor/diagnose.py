@@ -5,6 +5,8 @@ kubelet allocated (per bond: kubelet's pod vs the pod holding the IP), the kubel
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rdma_cni.doctor import (
@@ -16,7 +18,7 @@ from rdma_cni.doctor import (
     shared_pools,
     state_checks,
 )
-from rdma_cni.doctor.findings import Finding
+from rdma_cni.doctor.findings import Finding, exit_code
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot, observe
 
 if TYPE_CHECKING:
@@ -56,3 +58,29 @@ def diagnose(paths: NodePaths, pods: ApiAccess | None = None) -> list[Finding]:
     from rdma_cni.doctor import pod_checks, pod_view
 
     return findings + pod_checks.check_pods(pod_view.observe_pods(snap, pods))
+
+
+RECHECK_SECONDS = 1.0
+
+
+def diagnose_until(
+    paths: NodePaths,
+    wait: float,
+    pods: ApiAccess | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Finding]:
+    """:func:`diagnose`, looked at again every second while anything FAILs, for up to ``wait``
+    seconds; the last look is the answer.
+
+    Why: the DaemonSet's containers start together, and its readiness probe runs as they start
+    (kubelet triggers a probe that has no result yet at each pod sync). The device plugin writes
+    its status a second or two later, so a probe that answered at once FAILed and the pod stayed
+    not Ready until the probe's next period (15 s), which a rolling update waits for on every node.
+    A healthy node answers at the first look, as before."""
+    deadline = clock() + max(wait, 0.0)
+    findings = diagnose(paths, pods)
+    while exit_code(findings) and clock() + RECHECK_SECONDS <= deadline:
+        sleep(RECHECK_SECONDS)
+        findings = diagnose(paths, pods)
+    return findings
