@@ -20,7 +20,7 @@ from test_readdressed import assert_same_node
 
 from rdma_cni.plugins.macvlan.tx import ADD_STEPS
 from rdma_cni.rdma import sysfs
-from rdma_cni.sim.node import daemon, wait_watched
+from rdma_cni.sim.node import barrier, daemon, wait_watched
 
 pytestmark = pytest.mark.netns
 
@@ -149,6 +149,11 @@ def test_ipv6_gid_keeps_the_host_index_and_is_recorded(rdma_node: tuple[Node, st
     record = _record(os.path.join(n.run_dir, "gid", "c1", "bond0.json"))
     assert (record["gidIndex"], record["ipv4"]) == (v4, "198.51.100.2")
     assert (record["gidIndexIPv6"], record["ipv6"]) == (v6, "2001:db8:1::2")
+    # The simulated node applies the kernel's events behind them. Under load the pod's GID was
+    # missing here once in a full run: most likely ADD's wait matched the host's own GID of that
+    # address (same ndev name, bond0) before the node dropped it, and the table was read between
+    # that drop and the pod's entry. Read it after the node caught up.
+    barrier(f"/run/netns/{n.name}", root)
     assert sysfs.find_gid(root, "mlx5_bond_0", 1, "2001:db8:1::2", ndev="bond0") is not None  # the pod's
     host = _record(os.path.join(n.run_dir, "gid", "host.json"))["ports"][0]
     assert (host["gidIndex"], host["gidIndexIPv6"], host["ipv6"]) == (v4, v6, "2001:db8:1::2")

@@ -149,8 +149,22 @@ def node_capacity(bins: Binaries, node: str) -> tuple[int, int]:
     return node_resources(bins, node, RDMA)
 
 
-def pod_exec(bins: Binaries, pod: str, *cmd: str, namespace: str = "default") -> str:
-    return kubectl(bins, "exec", "-n", namespace, pod, "--", *cmd).stdout
+KUBELET_NOT_YET = "unable to upgrade connection: pod does not exist"
+
+
+def pod_exec(bins: Binaries, pod: str, *cmd: str, namespace: str = "default", timeout: float = 30) -> str:
+    """``kubectl exec``; asked again while the node's kubelet does not know the pod yet: a kubelet
+    that just restarted serves exec before it has read its pods from the API server (seen right
+    after the kubelet-restart test, while the API server still showed the pods Ready)."""
+    argv = ("exec", "-n", namespace, pod, "--", *cmd)
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = kubectl(bins, *argv, check=False)
+        if proc.returncode == 0:
+            return proc.stdout
+        if KUBELET_NOT_YET not in proc.stderr or time.monotonic() > deadline:
+            raise RuntimeError(f"kubectl {' '.join(argv)}: {proc.stderr.strip()[-2000:]}")
+        time.sleep(0.5)
 
 
 def node_network(node: Node) -> dict[str, Any]:
