@@ -215,3 +215,16 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def serial_files() -> list[str]:
+    """The files SERIAL names tests of, as paths from the repository: what the alone pass collects."""
+    return sorted({f"tests/{entry.split('::')[0]}" for entry in SERIAL})
+
+
+if __name__ == "__main__":  # scripts/test: python tests/suite_plan.py --serial-files
+    import sys
+
+    if sys.argv[1:] != ["--serial-files"]:
+        sys.exit("usage: suite_plan.py --serial-files")
+    print("\n".join(serial_files()))

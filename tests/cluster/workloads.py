@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ import yaml
 
 from cluster import topology as topo
 from cluster.build import Binaries
-from cluster.cluster import RDMA, kubectl, node_resources, restart, restart_if_dead, status
+from cluster.cluster import RDMA, kubectl, kubectl_argv, node_resources, restart, restart_if_dead, status
 from cluster.node import Node
 from rdma_cni.kube import podresources
 
@@ -75,10 +76,7 @@ def wait_ready(
     bins: Binaries, selector: str, count: int, namespace: str = "default", timeout: float = 180
 ) -> list[dict[str, Any]]:
     def check() -> list[dict[str, Any]] | None:
-        # kube-scheduler exits by design when it finds its cache corrupted (seen after the API server
-        # came back): start it again, as kubelet restarts it as a static pod on a real node
-        if restart_if_dead("kube-scheduler"):
-            log.warning("kube-scheduler had exited: started again")
+        keep_scheduler()
         ps = [p for p in pods(bins, selector, namespace) if not p["metadata"].get("deletionTimestamp")]
         return ps if len(ps) == count and all(ready(p) for p in ps) else None
 
@@ -89,12 +87,34 @@ def wait_ready(
     return result
 
 
+def keep_scheduler() -> None:
+    """kube-scheduler exits by design when it finds its cache corrupted (seen after the API server
+    came back): start it again, as kubelet restarts it as a static pod on a real node. Every wait for
+    pods calls this: none of them can end without a scheduler."""
+    if restart_if_dead("kube-scheduler"):
+        log.warning("kube-scheduler had exited: started again")
+
+
 def rollout(bins: Binaries, timeout: float = 400) -> None:
-    """``kubectl rollout status`` of the product's DaemonSet; on failure, what the cluster looks like."""
+    """``kubectl rollout status`` of the product's DaemonSet, keeping the scheduler up while it
+    waits; on failure, what the cluster looks like."""
     argv = ("-n", "kube-system", "rollout", "status", "daemonset/rdma-cni", f"--timeout={timeout:.0f}s")
-    out = kubectl(bins, *argv, check=False, timeout=timeout + 20)
-    if out.returncode != 0:
-        said = out.stderr.strip()[-2000:]
+    proc = subprocess.Popen(
+        kubectl_argv(bins, *argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + timeout + 20
+    while True:
+        try:
+            _, err = proc.communicate(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            keep_scheduler()
+            if time.monotonic() > deadline:
+                proc.kill()
+                _, err = proc.communicate()
+                break
+    if proc.returncode != 0:
+        said = err.strip()[-2000:]
         raise RuntimeError(f"kubectl {' '.join(argv)}: {said}\n{report(bins, 'kube-system')}")
 
 
