@@ -53,6 +53,8 @@ def kube() -> Iterator[Binaries]:
         finally:
             if not reuse:
                 cluster.down()
+                # the runtime's shims leave containerd's cgroup and outlive it: down ends them too
+                assert cluster.our_shims() == []
 
 
 def _offers(kube: Binaries, node: str, count: int) -> bool:

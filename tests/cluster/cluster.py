@@ -260,6 +260,7 @@ def down() -> None:
     # processes left in the nodes' cgroups: containers and shims started by the runtime we ran
     for cg in st.cgroups:
         _kill_cgroup_tree(Path(cg))
+    _kill_shims()
     for mnt in st.mntns:
         subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
         with contextlib.suppress(OSError):
@@ -289,6 +290,39 @@ def _kill_cgroup_tree(root: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         time.sleep(0.2)
+
+
+def _kill_shims() -> None:
+    """SIGKILL the runtime's shims. containerd-shim-runc-v2 detaches from containerd (it outlives a
+    containerd restart by design) into the root cgroup, so neither the recorded pids nor the nodes'
+    cgroups hold it, and one whose containerd was stopped never exits: 14 were found after a day of
+    runs, each keeping its node's network and mount namespaces alive. Ours run the shim binary this
+    harness built (under CACHE_ROOT); only the cluster's holder of :func:`exclusive` runs them."""
+    for _ in range(20):
+        shims = our_shims()
+        if not shims:
+            return
+        for pid in shims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        time.sleep(0.2)
+
+
+def our_shims() -> list[int]:
+    """The pids of the shims this harness's containerd started (see :func:`_kill_shims`)."""
+    return [pid for pid in _pids() if _is_our_shim(pid)]
+
+
+def _pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _is_our_shim(pid: int) -> bool:
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return exe.startswith(f"{CACHE_ROOT}/") and os.path.basename(exe).startswith("containerd-shim")
 
 
 def _rmdir_tree(root: Path) -> None:
