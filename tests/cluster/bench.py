@@ -153,6 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             w.wait_ready(bins, "k8s-app=rdma-cni", 1, "kube-system", timeout=300)
             nd = Node(1)
             w.wait("capacity", lambda: w.kubelet_allocatable(nd) == 8, 120)
+            # and in the API, where the scheduler reads it: kubelet publishes it at its next node
+            # status update (every 10 s), so a pod created before waited Pending for it (the first
+            # pod took 9.09 s once the DaemonSet turned Ready ~5 s after the apply)
+            t_api = time.monotonic()
+            w.wait("allocatable in the API", lambda: w.node_capacity(bins, nd.name) == (8, 8), 60)
+            lag = time.monotonic() - t_api
+            print(f"the node's allocatable 8 in the API {lag:.2f} s after kubelet offered 8")
             clean = w.node_network(nd)
             first = one(bins, "seed-first", True)
             w.wait_exact([nd], {nd.name: clean})
