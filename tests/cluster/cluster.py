@@ -15,7 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,16 +280,8 @@ def down() -> None:
 
 def _kill_cgroup_tree(root: Path) -> None:
     """SIGKILL every task under the node's cgroup root: pods and shims the node's runtime started."""
-    if not root.exists():
-        return
-    for _ in range(20):
-        pids = {int(x) for f in root.rglob("cgroup.procs") for x in f.read_text().split()}
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-        time.sleep(0.2)
+    if root.exists():
+        _kill_until_gone(lambda: {int(x) for f in root.rglob("cgroup.procs") for x in f.read_text().split()})
 
 
 def _kill_shims() -> None:
@@ -298,11 +290,17 @@ def _kill_shims() -> None:
     cgroups hold it, and one whose containerd was stopped never exits: 14 were found after a day of
     runs, each keeping its node's network and mount namespaces alive. Ours run the shim binary this
     harness built (under CACHE_ROOT); only the cluster's holder of :func:`exclusive` runs them."""
+    _kill_until_gone(our_shims)
+
+
+def _kill_until_gone(find: Callable[[], Iterable[int]]) -> None:
+    """SIGKILL what ``find`` names, and again until it names nothing: at most 20 rounds, 0.2 s
+    apart."""
     for _ in range(20):
-        shims = our_shims()
-        if not shims:
+        pids = list(find())
+        if not pids:
             return
-        for pid in shims:
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         time.sleep(0.2)

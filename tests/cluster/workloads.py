@@ -176,14 +176,13 @@ def pod_exec(bins: Binaries, pod: str, *cmd: str, namespace: str = "default", ti
     """``kubectl exec``; asked again while the node's kubelet does not know the pod yet: a kubelet
     that just restarted serves exec before it has read its pods from the API server (seen right
     after the kubelet-restart test, while the API server still showed the pods Ready)."""
-    argv = ("exec", "-n", namespace, pod, "--", *cmd)
     deadline = time.monotonic() + timeout
     while True:
-        proc = kubectl(bins, *argv, check=False)
-        if proc.returncode == 0:
-            return proc.stdout
-        if KUBELET_NOT_YET not in proc.stderr or time.monotonic() > deadline:
-            raise RuntimeError(f"kubectl {' '.join(argv)}: {proc.stderr.strip()[-2000:]}")
+        try:
+            return kubectl(bins, "exec", "-n", namespace, pod, "--", *cmd).stdout
+        except RuntimeError as e:
+            if KUBELET_NOT_YET not in str(e) or time.monotonic() > deadline:
+                raise
         time.sleep(0.5)
 
 
