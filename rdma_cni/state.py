@@ -70,7 +70,6 @@ import json
 import logging
 import os
 import time
-import urllib.parse
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -277,11 +276,21 @@ def _temp_bucket(name: str) -> int | None:
     return int(bucket, 16) if _is_bucket(bucket) else None
 
 
+_UNQUOTED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def quote_name(name: str) -> str:
+    """``urllib.parse.quote(name, safe="")``, the quoting of every name in a file name here, without
+    importing urllib.parse: ~3 ms of a cold plugin call's CPU (its named tuples), for a few
+    interface names."""
+    return "".join(c if c in _UNQUOTED else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+
+
 def record_filename(container_id: str, ifname: str) -> str:
     """``<cid>@<quoted ifname>.json``: '@' cannot occur in a valid container ID; the ifname is quoted."""
     validate_container_id(container_id)
     validate_ifname(ifname)
-    return f"{container_id}@{urllib.parse.quote(ifname, safe='')}.json"
+    return f"{container_id}@{quote_name(ifname)}.json"
 
 
 class NodeState:
@@ -488,7 +497,7 @@ class NodeState:
     # ------------------------------------------------------------ skipped restores (re-addressed bonds)
     def _skipped_path(self, bond: str) -> str:
         validate_ifname(bond)
-        return os.path.join(self.data_dir, SKIPPED_DIR, f"{urllib.parse.quote(bond, safe='')}.json")
+        return os.path.join(self.data_dir, SKIPPED_DIR, f"{quote_name(bond)}.json")
 
     def note_skipped(self, note: SkippedRestore) -> None:
         """Remember (atomically, unsynced: advisory) that a bond's restore was skipped."""
@@ -521,7 +530,7 @@ class NodeState:
     # ------------------------------------------------------------ finite lifetimes' deadlines
     def _deadlines_path(self, bond: str) -> str:
         validate_ifname(bond)
-        return os.path.join(self.data_dir, DEADLINES_DIR, f"{urllib.parse.quote(bond, safe='')}.json")
+        return os.path.join(self.data_dir, DEADLINES_DIR, f"{quote_name(bond)}.json")
 
     def note_deadlines(self, bond: str, notes: dict[str, Any]) -> None:
         """What a give-back of the bond left (atomically, unsynced: advisory); none: the note goes."""

@@ -23,6 +23,7 @@ from rdma_cni.state import (
     SkippedRestore,
     address_drift,
     bond_drift,
+    quote_name,
     record_filename,
 )
 
@@ -60,6 +61,13 @@ def test_filenames_are_derived_only_from_validated_ids() -> None:
     for bad_if in ("a/b", "..", "x" * 16, "a b"):
         with pytest.raises(CniError):
             record_filename("abc", bad_if)
+
+
+def test_file_names_are_quoted_as_urllib_quotes_them_so_old_records_keep_their_names() -> None:
+    import urllib.parse
+
+    for name in ("bond0", "net1", "a@b%", "a/b", "a b", "A-Z_9.~", "é€😀", "x\x00y", ""):
+        assert quote_name(name) == urllib.parse.quote(name, safe=""), name
 
 
 def test_pins_come_from_the_records(tmp_path: str) -> None:

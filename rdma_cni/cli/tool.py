@@ -17,7 +17,6 @@ stderr, exit code 1.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -277,6 +276,8 @@ def version() -> None:
 
 def container_id_for(netns: str) -> str:
     """cnitool's container ID: 'cnitool-' + hex of the first 10 bytes of SHA-512(netns path)."""
+    import hashlib  # lazy: it loads OpenSSL, ~5 ms (python -X importtime) that gids, state, doctor never use
+
     return "cnitool-" + hashlib.sha512(netns.encode()).hexdigest()[:20]
 
 
