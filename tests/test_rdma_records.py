@@ -138,6 +138,67 @@ def test_host_record_tracks_the_host_index_and_keeps_it_while_the_ip_is_in_a_pod
     assert ports["mlx5_bond_0"]["gids"] == []
 
 
+def test_a_refresh_scans_only_the_ports_whose_addresses_or_slots_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every verb refreshes host.json; a port whose bond holds the addresses its entry recorded, each
+    GID still in its recorded slot, keeps its entry without a scan of its table (and an unchanged
+    record is not written again). What changed is scanned as before."""
+    root = build_tree(
+        str(tmp_path / "sys"), [SimBond("bond0", "mlx5_bond_0"), SimBond("bond1", "mlx5_bond_1")], 16
+    )
+    run = str(tmp_path / "run")
+    ip0, ip1, ip6 = "198.51.100.2", "198.51.100.18", "2001:db8:1::18"
+    write_slot(root, "mlx5_bond_0", 1, 1, sysfs.gid_for_ip(ip0), "bond0")
+    write_slot(root, "mlx5_bond_1", 1, 1, sysfs.gid_for_ip(ip1), "bond1")
+    write_slot(root, "mlx5_bond_1", 1, 2, sysfs.gid_bytes(ip6), "bond1")
+    v4 = {"bond0": [ip0], "bond1": [ip1]}
+    v6 = {"bond0": ["fe80::1"], "bond1": ["fe80::2", ip6]}
+    first = records.update_host_record(run, root, v4, v6)
+    scanned: list[str] = []
+    read_gids = sysfs.read_gids
+
+    def spy(sysfs_root: str, device: str, port: int) -> list[GidEntry]:
+        scanned.append(device)
+        return read_gids(sysfs_root, device, port)
+
+    monkeypatch.setattr(sysfs, "read_gids", spy)
+    path = Path(run, "gid", "host.json")
+    written = path.stat().st_ino
+
+    assert records.update_host_record(run, root, v4, v6) == first
+    assert scanned == [] and path.stat().st_ino == written, "nothing changed: no scan, no write"
+
+    # bond0's address moves to a pod (a verb on bond0): only bond0's table is read
+    clear_slot(root, "mlx5_bond_0", 1, 1)
+    write_slot(root, "mlx5_bond_0", 1, 1, sysfs.gid_for_ip(ip0), "net1")
+    ports = {p["device"]: p for p in records.update_host_record(run, root, {**v4, "bond0": []}, v6)["ports"]}
+    assert scanned == ["mlx5_bond_0"]
+    assert (ports["mlx5_bond_0"]["gidIndex"], ports["mlx5_bond_0"]["present"]) == (1, False)
+    assert ports["mlx5_bond_1"] == {p["device"]: p for p in first["ports"]}["mlx5_bond_1"]
+
+    # bond1 keeps its addresses but its IPv4 GID is no longer where the entry says: scanned again
+    scanned.clear()
+    clear_slot(root, "mlx5_bond_1", 1, 1)
+    write_slot(root, "mlx5_bond_1", 1, 3, sysfs.gid_for_ip(ip1), "bond1")
+    ports = {p["device"]: p for p in records.update_host_record(run, root, {**v4, "bond0": []}, v6)["ports"]}
+    assert scanned == ["mlx5_bond_1"] and ports["mlx5_bond_1"]["gidIndex"] == 3
+
+    # bond1's first global IPv6 is now another one: scanned again, and it follows
+    scanned.clear()
+    other6 = "2001:db8:1::99"
+    write_slot(root, "mlx5_bond_1", 1, 4, sysfs.gid_bytes(other6), "bond1")
+    v6 = {**v6, "bond1": [other6, ip6]}
+    ports = {p["device"]: p for p in records.update_host_record(run, root, {**v4, "bond0": []}, v6)["ports"]}
+    assert scanned == ["mlx5_bond_1"]
+    assert (ports["mlx5_bond_1"]["gidIndexIPv6"], ports["mlx5_bond_1"]["ipv6"]) == (4, other6)
+
+    # without the host's addresses (a caller that cannot tell) every port is scanned, as before
+    scanned.clear()
+    records.update_host_record(run, root)
+    assert sorted(scanned) == ["mlx5_bond_0", "mlx5_bond_1"]
+
+
 def test_host_record_without_any_ipv4_gid_has_no_index(tmp_path: Path) -> None:
     root = build_tree(str(tmp_path / "sys"), [SimBond("bond0", "mlx5_bond_0")], 8)
     rec = records.update_host_record(str(tmp_path / "run"), root)

@@ -368,6 +368,17 @@ def read_gids(sysfs_root: str, device: str, port: int) -> list[GidEntry]:
     return out
 
 
+def gid_at(sysfs_root: str, device: str, port: int, index: int) -> GidEntry | None:
+    """The entry in one slot (None when it is empty or absent): three small reads, for a caller
+    that knows where a GID was and only needs to know it is still there, instead of a scan."""
+    pdir = port_dir(sysfs_root, device, port)
+    text = _read(os.path.join(pdir, "gids", str(index)))
+    raw = _parse_gid(text.encode()) if text else None
+    if raw is None:
+        return None
+    return _entry(sysfs_root, device, port, index, raw, _read(os.path.join(pdir, "link_layer")) or "")
+
+
 def find_gid(
     sysfs_root: str, device: str, port: int, ip: str, gid_type: str = ROCE_V2, ndev: str | None = None
 ) -> GidEntry | None:
