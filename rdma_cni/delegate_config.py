@@ -102,6 +102,8 @@ def bonds(masters: list[str] | None, sysfs_root: str, ports: list[sysfs.RdmaPort
 
 @dataclass(frozen=True)
 class StatusRdma:
+    """``rdma.netnsMode``: the one key of ``rdma`` STATUS reads."""
+
     netns_mode: str = "shared"
 
 

@@ -118,6 +118,8 @@ class BondRecord:
 
 @dataclass
 class AttachmentRecord:
+    """One attachment's write-ahead record (see the module doc): all DEL needs to give the host back."""
+
     container_id: str
     ifname: str
     netns: str

@@ -62,6 +62,8 @@ class Attachment:
 
 @dataclass
 class Request:
+    """One CNI call as parsed: its CNI_* environment and the network config read from stdin."""
+
     command: str
     cni_version: str
     container_id: str = ""

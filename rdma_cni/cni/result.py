@@ -22,6 +22,8 @@ RT_TABLE_MAIN = 254  # what a route without ``table`` means
 
 @dataclass
 class Interface:
+    """An entry of a result's ``interfaces``; ``sandbox`` is the netns path of a link in the container."""
+
     name: str
     mac: str = ""
     mtu: int = 0
@@ -32,6 +34,8 @@ class Interface:
 
 @dataclass
 class IPConfig:
+    """An entry of a result's ``ips``; ``interface`` is an index into ``interfaces``."""
+
     address: str  # CIDR, e.g. "198.51.100.2/28"
     gateway: str = ""
     interface: int | None = None
@@ -43,6 +47,8 @@ class IPConfig:
 
 @dataclass
 class Route:
+    """An entry of a result's ``routes`` (``table`` None: the main table)."""
+
     dst: str
     gw: str = ""
     mtu: int = 0
@@ -54,6 +60,8 @@ class Route:
 
 @dataclass
 class DNS:
+    """A result's ``dns``."""
+
     nameservers: list[str] = field(default_factory=list)
     domain: str = ""
     search: list[str] = field(default_factory=list)
@@ -62,6 +70,8 @@ class DNS:
 
 @dataclass
 class Result:
+    """A CNI result: what ADD prints, and what DEL and CHECK get back as ``prevResult``."""
+
     interfaces: list[Interface] = field(default_factory=list)
     ips: list[IPConfig] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)

@@ -8,6 +8,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Pod:
+    """A pod, reduced to what a network plugin reads of it."""
+
     namespace: str
     name: str
     uid: str

@@ -39,6 +39,8 @@ MACVLAN_MODES = tuple(MACVLAN_MODE)
 
 @dataclass(frozen=True)
 class Link:
+    """A link as the kernel reports it (RTM_NEWLINK), reduced to what the plugins look at."""
+
     index: int
     name: str
     mac: str

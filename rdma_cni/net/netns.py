@@ -53,6 +53,8 @@ class NetnsUnavailable(CniError):
 
 @dataclass
 class Netns:
+    """A network namespace held open: its path, the descriptor (-1 once closed) and its inode."""
+
     path: str
     fd: int
     inode: int

@@ -144,6 +144,8 @@ def dev_set_netns_request(seq: int, dev_index: int, netns_fd: int) -> bytes:
 
 @dataclass
 class Message:
+    """One decoded RDMA netlink message."""
+
     type: int
     flags: int
     seq: int
@@ -210,12 +212,16 @@ def _guid(value: int | None) -> str | None:
 
 @dataclass(frozen=True)
 class SystemInfo:
+    """``rdma system``: the RDMA netns mode, and copy-on-fork (None: the kernel does not say)."""
+
     netns_mode: str
     copy_on_fork: bool | None
 
 
 @dataclass(frozen=True)
 class Device:
+    """An RDMA device (``rdma dev``)."""
+
     index: int
     name: str
     node_type: str | None = None
@@ -226,6 +232,8 @@ class Device:
 
 @dataclass(frozen=True)
 class Port:
+    """A port of an RDMA device and its netdev (``rdma link``)."""
+
     dev_index: int
     dev_name: str
     port: int

@@ -17,6 +17,8 @@ DEFAULT_DATA_DIR = "/var/lib/cni/rdma-ipvlan"
 
 @dataclass(frozen=True)
 class RdmaConfig:
+    """The config's ``rdma`` object."""
+
     required: bool = True
     gid_timeout_ms: int = 2000
 
@@ -29,6 +31,8 @@ RDMA_FIELDS = (
 
 @dataclass(frozen=True)
 class IpvlanConfig(FilesConfig):
+    """rdma-ipvlan's network config, checked."""
+
     data_dir: str = DEFAULT_DATA_DIR
     name: str = ""
     masters: list[str] | None = None

@@ -71,6 +71,8 @@ def no_ipvlan_error() -> ConfigKeyError:
 
 @dataclass
 class AddContext:
+    """What each step of one ADD works on: both netlink sockets, the pod netns, the record, the failpoints."""
+
     host: RtnlSocket
     ns: Netns
     pod: RtnlSocket

@@ -17,6 +17,8 @@ DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"
 
 @dataclass(frozen=True)
 class RdmaConfig:
+    """The config's ``rdma`` object."""
+
     netns_mode: Literal["shared", "exclusive"] = "shared"
     required: bool = True
     gid_index: Literal["host"] | int = "host"
@@ -38,6 +40,8 @@ RDMA_FIELDS = (
 
 @dataclass(frozen=True)
 class MacvlanConfig(FilesConfig):
+    """rdma-macvlan's network config, checked."""
+
     data_dir: str = DEFAULT_DATA_DIR
     name: str = ""
     masters: list[str] | None = None

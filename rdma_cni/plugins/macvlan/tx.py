@@ -110,6 +110,8 @@ def snapshot_routing(host: Any, rec: AttachmentRecord) -> None:
 
 @dataclass
 class AddContext:
+    """What each step of one ADD works on: both netlink sockets, the pod netns, the record, the failpoints."""
+
     host: Any
     ns: Netns
     pod: Any

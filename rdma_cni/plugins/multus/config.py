@@ -23,6 +23,8 @@ DEFAULT_RDMA_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 
 @dataclass(frozen=True)
 class MultusConfig:
+    """rdma-multus's network config, checked (see the module doc)."""
+
     default_delegates: tuple[str, ...]
     kubeconfig: str = ""
     conf_dir: str = "/etc/cni/net.d"

@@ -29,6 +29,8 @@ SUBDIR = "attachments"
 
 @dataclass
 class AttachmentPlan:
+    """The delegates of one pod interface, in the order ADD runs them (see the module doc)."""
+
     container_id: str
     ifname: str
     netns: str

@@ -273,6 +273,8 @@ def _merge(delegates: Sequence[Delegate], results: Sequence[dict[str, Any]]) -> 
 
 @dataclass(frozen=True)
 class _Wanted:
+    """A network the pod asks for, and the interface name it gets."""
+
     selection: NetworkSelection
     ifname: str
     is_default: bool
