@@ -22,7 +22,8 @@ from pathlib import Path
 
 import probe_agent
 import pytest
-from netns import children_of
+import yaml
+from netns import build_c_client, children_of
 from netns import stop_agent as stop
 from probe_agent import (
     RunningAgent,
@@ -76,14 +77,32 @@ def test_a_second_agent_on_the_same_socket_refuses_to_start(agent: RunningAgent)
     assert os.path.exists(agent.sock)  # the first one's socket is untouched
 
 
-def _probe(sock: str, *extra: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "rdma_cni.cli.agent", "--probe", "--socket", sock, *extra]
-    return subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, text=True)
+@pytest.fixture(scope="module")
+def probe_programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """The two readiness probes, with the same options: ``rdma-agent --probe`` and the C client's
+    (what the DaemonSet runs: ~1 ms of CPU against the bundle's ~140 ms)."""
+    out = tmp_path_factory.mktemp("c-client")
+    build_c_client(str(out))
+    return {
+        "python": [sys.executable, "-m", "rdma_cni.cli.agent", "--probe"],
+        "c": [str(out / "rdma-cni-client"), "--probe"],
+    }
 
 
-def test_the_readiness_probe_started_before_the_agent_waits_for_it_to_answer(tmp_path: Path) -> None:
+@pytest.fixture(params=["python", "c"])
+def probe_argv(request: pytest.FixtureRequest, probe_programs: dict[str, list[str]]) -> list[str]:
+    return probe_programs[request.param]
+
+
+def _probe(argv: list[str], sock: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*argv, "--socket", sock, *extra], cwd=REPO, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_readiness_probe_started_before_the_agent_waits_for_it_to_answer(
+    tmp_path: Path, probe_argv: list[str]
+) -> None:
     """As kubelet runs it: the probe comes as the container starts, before the agent listens."""
-    early = _probe(str(tmp_path / "agent.sock"), "--probe-wait", "60")
+    early = _probe(probe_argv, str(tmp_path / "agent.sock"), "--probe-wait", "60")
     time.sleep(2)
     assert early.poll() is None, "the probe gave up before the agent listened"
     running = start_agent(tmp_path)
@@ -94,9 +113,34 @@ def test_the_readiness_probe_started_before_the_agent_waits_for_it_to_answer(tmp
     finally:
         stop(running.proc)
     # nobody there, and a short wait: the same answer as without one, after it
-    gone = _probe(running.sock, "--probe-wait", "0.5")
+    gone = _probe(probe_argv, running.sock, "--probe-wait", "0.5")
     _, err = gone.communicate(timeout=60)
     assert gone.returncode == 1 and "no agent answered" in err, err
+    # an option it cannot read is refused as a usage error, not taken for "not ready"
+    bad = _probe(probe_argv, running.sock, "--probe-wait", "soon")
+    _, err = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and "--probe-wait" in err, err
+
+
+def test_the_daemonsets_probe_command_runs_as_written_on_the_c_client(
+    tmp_path: Path, probe_programs: dict[str, list[str]]
+) -> None:
+    """The manifest's argv, only the program (the built client) and the socket (a test agent's)
+    replaced: an option the C client does not take would fail here (exit 2), not on a node."""
+    ds = next(d for d in yaml.safe_load_all((REPO / "conf/k8s/rdma-cni.yaml").read_text()) if d
+              and d["kind"] == "DaemonSet")
+    container = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "rdma-agent")
+    argv = list(container["readinessProbe"]["exec"]["command"])
+    assert os.path.basename(argv[0]) == "rdma-cni-client"
+    running = start_agent(tmp_path)
+    try:
+        argv[0] = probe_programs["c"][0]
+        argv[argv.index("--socket") + 1] = running.sock
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert f"agent on {running.sock} serves rdma-macvlan" in proc.stderr
+    finally:
+        stop(running.proc)
 
 
 def test_peer_that_is_not_root_is_refused_even_through_an_open_socket(

@@ -239,10 +239,12 @@ def test_agent_runs_the_nodes_installed_bundle_with_real_flags() -> None:
     assert args.cni_path == "/opt/cni/bin" and _under(args.cni_path, mounts) == args.cni_path
     assert args.reconcile_interval == 60
     assert not args.probe
-    # Readiness: the protocol end to end through the same socket.
+    # Readiness: the protocol end to end through the same socket, by the C client of the same
+    # bundle, whose probe takes rdma-agent --probe's options (tests/test_agent.py runs both).
     probe = agent["readinessProbe"]["exec"]["command"]
-    assert probe[:2] == agent["command"]
-    probe_args = parse_args(probe[2:])
+    assert probe[0] == os.path.join(os.path.dirname(agent["command"][0]), "rdma-cni-client")
+    assert probe[1] == "--probe"
+    probe_args = parse_args(probe[1:])
     assert probe_args.probe and probe_args.socket == args.socket
     # kubelet kills a probe at its timeout: the wait for a starting agent plus one probe fit inside
     assert agent["readinessProbe"]["timeoutSeconds"] > probe_args.probe_wait + probe_args.probe_timeout

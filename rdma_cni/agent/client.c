@@ -13,6 +13,10 @@
  * Fallback program: $RDMA_CNI_FALLBACK, else "rdma-cni" beside this executable (the PyInstaller
  * multicall bundle, which dispatches on argv[0], so it is exec'd with the same argv[0]).
  *
+ * Readiness probe: rdma-cni-client --probe [--socket PATH] [--probe-wait S] [--probe-timeout S]
+ * exits 0 when an agent answers a CNI VERSION call of rdma-macvlan through the whole protocol, as
+ * `rdma-agent --probe` does (see probe() below); it never falls back.
+ *
  * Build: cc -O2 -static -o rdma-cni-client client.c   (scripts/build-client does this)
  */
 #define _GNU_SOURCE
@@ -28,6 +32,7 @@
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_SOCKET "/run/rdma-cni/agent.sock"
@@ -216,8 +221,112 @@ static void config_version(const struct buf *in, char *out, size_t outlen) {
     out[e - s - 1] = 0;
 }
 
+/* ---- the readiness probe ---- */
+
+#define PROBE_PLUGIN "rdma-macvlan"
+#define PROBE_AGAIN_MS 200
+#define PROBE_ANSWER_MS 15000
+
+static long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000L;
+}
+
+/* One VERSION call, answered by a forked worker. 0 when it answered with supportedVersions, else
+ * -1 and why. */
+static int probe_once(const char *path, long ready_ms, char *why, size_t whylen) {
+    static const char conf[] = "{\"cniVersion\":\"1.0.0\"}", verb[] = "CNI_COMMAND=VERSION";
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof addr.sun_path) {
+        snprintf(why, whylen, "socket path too long: %s", path);
+        return -1;
+    }
+    strcpy(addr.sun_path, path);
+    struct buf frame = {0}, body = {0}, items = {0};
+    put_item(&body, PROBE_PLUGIN, strlen(PROBE_PLUGIN));
+    put_item(&body, conf, strlen(conf));
+    put_item(&body, verb, strlen(verb));
+    put(&frame, "RCN1", 4);
+    put_u32(&frame, 3);
+    put_u32(&frame, (uint32_t)body.len);
+    put(&frame, body.p, body.len);
+    put(&frame, "G", 1);  /* VERSION is safe to run twice: GO right behind the request */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), code = -1, rc = -1;
+    unsigned char reply = 0;
+    if (fd >= 0) set_timeout(fd, ready_ms);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, &frame) ||
+        recv_exact(fd, &reply, 1) || reply != 'R') {
+        snprintf(why, whylen, "no agent answered on %s (absent, refusing, or not READY in %ld ms)", path,
+                 ready_ms);
+    } else {
+        set_timeout(fd, PROBE_ANSWER_MS);
+        if (recv_answer(fd, &code, &items)) {
+            snprintf(why, whylen, "agent on %s broke off before answering VERSION", path);
+        } else {
+            const unsigned char *out = items.p + 4 + get_u32(items.p);
+            uint32_t n = get_u32(out);
+            if (code == 0 && memmem(out + 4, n, "supportedVersions", 17)) {
+                snprintf(why, whylen, "agent on %s serves %s", path, PROBE_PLUGIN);
+                rc = 0;
+            } else {
+                snprintf(why, whylen, "agent on %s answered VERSION with exit %d: %.*s", path, code,
+                         (int)(n > 300 ? 300 : n), (const char *)(out + 4));
+            }
+        }
+    }
+    if (fd >= 0) close(fd);
+    free(frame.p);
+    free(body.p);
+    free(items.p);
+    return rc;
+}
+
+static double seconds_arg(const char *flag, const char *s) {
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : -1;
+    if (!s || errno || *end || v != v || v < 0 || v > ANSWER_TIMEOUT_S) {
+        fprintf(stderr, "rdma-cni-client: %s needs seconds between 0 and %d, got %s\n", flag, ANSWER_TIMEOUT_S,
+                s ? s : "nothing");
+        exit(2);
+    }
+    return v;
+}
+
+/* The DaemonSet's readiness probe, the same check as `rdma-agent --probe`: a socket file alone
+ * would not tell a wedged or code-mismatched agent from a serving one. Asked again every 0.2 s for
+ * up to --probe-wait seconds while no agent answers (kubelet runs a probe that has no result yet as
+ * the container starts, ~1 s before the agent listens). Why in C: kubelet runs it every 10 s on
+ * every node, and the bundle's Python start-up cost ~140 ms of CPU per probe (measured). */
+static int probe(int argc, char **argv) {
+    const char *path = DEFAULT_SOCKET;
+    double wait_s = 0, ready_s = 5;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--socket") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--probe-wait")) wait_s = seconds_arg(argv[i], argv[i + 1]), i++;
+        else if (!strcmp(argv[i], "--probe-timeout")) ready_s = seconds_arg(argv[i], argv[i + 1]), i++;
+        else {
+            fprintf(stderr, "rdma-cni-client: unknown probe argument %s (--socket PATH, --probe-wait S, "
+                    "--probe-timeout S)\n", argv[i]);
+            return 2;
+        }
+    }
+    long ready_ms = ready_s * 1000 < 1 ? 1 : (long)(ready_s * 1000);
+    long deadline = now_ms() + (long)(wait_s * 1000);
+    char why[512];
+    int rc = probe_once(path, ready_ms, why, sizeof why);
+    while (rc && now_ms() + PROBE_AGAIN_MS <= deadline) {
+        struct timespec pause = { 0, PROBE_AGAIN_MS * 1000000L };
+        nanosleep(&pause, NULL);
+        rc = probe_once(path, ready_ms, why, sizeof why);
+    }
+    fprintf(stderr, "rdma-agent probe: %s\n", why);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
-    (void)argc;
+    if (argc > 1 && !strcmp(argv[1], "--probe")) return probe(argc, argv);
     const char *command = getenv("CNI_COMMAND");
     const char *off = getenv("RDMA_CNI_AGENT");
     struct buf in = {0};
