@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
-from cluster import build, cluster
+from cluster import apiread, build, cluster
 from cluster import dra as d
 from cluster import topology as topo
 from cluster import workloads as w
@@ -191,7 +191,7 @@ def test_two_gpu_nic_pairs_by_pcie_root_each_get_a_nic_under_their_gpus_root(
 ) -> None:
     w.apply(kube, d.example("gpu-nic-pairs-2.yaml"))
     try:
-        w.wait("gpu-nic-pairs-2 ready", lambda: w.ready(pod(kube, "gpu-nic-pairs-2")), 180)
+        w.wait("gpu-nic-pairs-2 ready", lambda: w.ready(apiread.pod("gpu-nic-pairs-2")), 180)
         (claim,) = d.claims_of(kube, "gpu-nic-pairs-2")
         got = {r["request"]: r for r in d.results(claim)}
         assert sorted(got) == ["gpu-0", "gpu-1", "nic-0", "nic-1"]
@@ -350,7 +350,9 @@ def test_the_driver_killed_mid_prepare_is_retried_by_kubelet_and_nothing_is_doub
         armed.unlink()
         os.kill(pid, signal.SIGKILL)
         w.wait(
-            "gpu-nic-pairs-1 ready after kubelet's retry", lambda: w.ready(pod(kube, "gpu-nic-pairs-1")), 180
+            "gpu-nic-pairs-1 ready after kubelet's retry",
+            lambda: w.ready(apiread.pod("gpu-nic-pairs-1")),
+            180,
         )
         (claim,) = d.claims_of(kube, "gpu-nic-pairs-1")
         uid = claim["metadata"]["uid"]

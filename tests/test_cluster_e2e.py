@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import build, cluster
+from cluster import apiread, build, cluster
 from cluster import topology as topo
 from cluster import workloads as w
 from cluster.build import Binaries
@@ -116,8 +116,8 @@ def test_seed_statefulset_runs_two_pods_per_node_and_a_fifth_stays_pending(
 
     kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=5")
 
-    def unschedulable() -> str:
-        conds = pod(kube, "ibv-app-4").get("status", {}).get("conditions", [])
+    def unschedulable() -> str:  # a poll: read in process (cluster.apiread)
+        conds = apiread.pod("ibv-app-4").get("status", {}).get("conditions", [])
         return next(
             (c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"),
             "",
@@ -249,16 +249,11 @@ def _nad_crd(kube: Binaries) -> None:
     kubectl(kube, "apply", "-f", str(NAD_CRD))
     w.wait(
         "the NAD CRD established",
-        lambda: (
-            kubectl(
-                kube,
-                "get",
-                "crd",
-                "network-attachment-definitions.k8s.cni.cncf.io",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type=='Established')].status}",
-            ).stdout
-            == "True"
+        lambda: any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in apiread.crd("network-attachment-definitions.k8s.cni.cncf.io")
+            .get("status", {})
+            .get("conditions", [])
         ),
         30,
     )

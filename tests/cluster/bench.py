@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 import yaml
 
-from cluster import build, cluster
+from cluster import apiread, build, cluster
 from cluster import dra as d
 from cluster import workloads as w
 from cluster.build import Binaries
@@ -60,10 +60,11 @@ def pod_doc(name: str, rdma: bool) -> str:
 
 
 def running(bins: Binaries, name: str) -> bool:
-    out = kubectl(bins, "get", "pod", name, "-o", "json", check=False)
-    if out.returncode != 0:
+    """The pod Running with every container running: polled every 0.05 s, so read in process."""
+    try:
+        st = apiread.pod(name).get("status", {})
+    except apiread.ReadError:
         return False
-    st = json.loads(out.stdout).get("status", {})
     return st.get("phase") == "Running" and all(
         "running" in c.get("state", {}) for c in st.get("containerStatuses", [{}])
     )
@@ -118,7 +119,7 @@ def window_probe(bins: Binaries) -> str:
         while time.monotonic() - t0 < 120:
             if running(bins, "seed-window"):
                 return f"Running after {time.monotonic() - t0:.1f} s"
-            st = json.loads(kubectl(bins, "get", "pod", "seed-window", "-o", "json").stdout)["status"]
+            st = apiread.pod("seed-window")["status"]
             if st.get("phase") == "Failed":
                 return f"Failed: {st.get('reason')}: {st.get('message')}"
             time.sleep(0.2)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import build, control_plane, images, procs, registry
+from cluster import apiread, build, control_plane, images, procs, registry
 from cluster import node as nodemod
 from cluster import topology as topo
 from cluster.build import Binaries
@@ -104,11 +104,12 @@ RDMA = "tke.cloud.tencent.com/tke-shared-rdma"
 
 def node_resources(bins: Binaries, node: str, resource: str) -> tuple[int, int]:
     """A node's capacity and allocatable of an extended resource, as the API server has them
-    ((-1, -1) while the node is not registered)."""
-    out = kubectl(bins, "get", "node", node, "-o", "json", check=False)
-    if out.returncode != 0:
+    ((-1, -1) while the node is not registered or the API server does not answer). A poll: read
+    in process (cluster.apiread), not by kubectl."""
+    try:
+        status = apiread.node(node)["status"]
+    except apiread.ReadError:
         return -1, -1
-    status = json.loads(out.stdout)["status"]
     return (
         quantity(status.get("capacity", {}).get(resource, "0")),
         quantity(status.get("allocatable", {}).get(resource, "0")),
@@ -116,7 +117,11 @@ def node_resources(bins: Binaries, node: str, resource: str) -> tuple[int, int]:
 
 
 def _registered(bins: Binaries, node: str) -> bool:
-    return kubectl(bins, "get", "node", node, check=False).returncode == 0
+    try:
+        apiread.node(node)
+    except apiread.ReadError:
+        return False
+    return True
 
 
 def _offers(bins: Binaries, node: str, resource: str, count: int) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from cluster import procs
+from cluster import apiread, procs
 from cluster.build import Binaries
 from cluster.cluster import State, kubectl
 from cluster.gpu_dra import DEVICE_CLASS
@@ -102,11 +102,12 @@ def stop_gpu_dra(node: Node) -> None:
 
 
 def slices(bins: Binaries, driver: str = DRIVER, node: str = "") -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = json.loads(kubectl(bins, "get", "resourceslices", "-o", "json").stdout)[
-        "items"
-    ]
+    """The items of ``kubectl get resourceslices -o json`` of ``driver`` (and ``node``), read in process:
+    the waits for slices and taints poll this (cluster.apiread says why)."""
     return [
-        s for s in items if s["spec"]["driver"] == driver and (not node or s["spec"].get("nodeName") == node)
+        s
+        for s in apiread.resourceslices()
+        if s["spec"]["driver"] == driver and (not node or s["spec"].get("nodeName") == node)
     ]
 
 
@@ -145,10 +146,12 @@ def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def unschedulable(bins: Binaries, pod: str, namespace: str = "default") -> str:
-    """The scheduler's message when the pod is unschedulable, else ''."""
-    doc = json.loads(
-        kubectl(bins, "get", "pod", pod, "-n", namespace, "-o", "json", check=False).stdout or "{}"
-    )
+    """The scheduler's message when the pod is unschedulable, else '' (also while the API does not
+    answer): a poll, read in process."""
+    try:
+        doc = apiread.pod(pod, namespace)
+    except apiread.ReadError:
+        doc = {}
     conds = doc.get("status", {}).get("conditions", [])
     return next(
         (c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"), ""

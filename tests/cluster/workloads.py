@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from cluster import apiread
 from cluster import topology as topo
 from cluster.build import Binaries
 from cluster.cluster import RDMA, kubectl, kubectl_argv, node_resources, restart, restart_if_dead, status
@@ -62,9 +63,9 @@ def apply(bins: Binaries, text: str) -> None:
 
 
 def pods(bins: Binaries, selector: str, namespace: str = "default") -> list[dict[str, Any]]:
-    out = kubectl(bins, "get", "pods", "-n", namespace, "-l", selector, "-o", "json")
-    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
-    return items
+    """The items of ``kubectl get pods -n NAMESPACE -l SELECTOR -o json``; read in process (every wait
+    for pods polls this: cluster.apiread says why). Raises RuntimeError when the API does not answer."""
+    return apiread.pods(selector, namespace)
 
 
 def ready(pod: dict[str, Any]) -> bool:
