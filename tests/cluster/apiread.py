@@ -6,8 +6,9 @@ kubectl processes at ~94 ms of CPU each (59 CPU-seconds; the e2e file alone: 399
 nearly all of them polls (:func:`cluster.workloads.wait` checks every 0.5 s: the pods of a selector,
 a node's capacity, the ResourceSlices). Each one is an ``ip netns exec`` and a Go binary that loads
 the kubeconfig, makes a TLS session and discovers the API; a GET on a connection that is already up
-costs well under a millisecond of CPU here. What a user types (apply, scale, exec, rollout status,
-auth can-i, describe, the diagnostics of ``workloads.report``) stays ``kubectl``.
+costs under a millisecond of CPU here (100 pod-list reads: 0.09 s). With these reads the e2e file
+starts 98 kubectl processes (9 CPU-s), the DRA file 62. What a user types (apply, scale, exec,
+rollout status, auth can-i, describe, the diagnostics of ``workloads.report``) stays ``kubectl``.
 
 The API server listens only in node 1's network namespace, so the socket is created there: a
 short-lived thread enters ``/run/netns/<node 1>`` (rdma_cni.net.netns: opened read-only, checked to be
