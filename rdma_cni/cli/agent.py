@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 
 from rdma_cni.agent import client
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.metrics.address import listen, url_of
 from rdma_cni.agent.plugins import KNOWN
 from rdma_cni.agent.server import PREFORK, QUEUE_WAIT, WARM_WORKERS, Agent, AgentConfig
+from rdma_cni.retry import look_until
 
 FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
@@ -136,12 +136,7 @@ def probe_until(socket_path: str, timeout: float, wait: float) -> tuple[bool, st
     readiness probe that has no result yet as soon as the container runs, ~1 s before the agent
     listens; a probe that answered at once left the pod not Ready until its next period (10 s),
     which a rolling update waits for on every node. Connecting to an absent socket costs nothing."""
-    deadline = time.monotonic() + max(wait, 0.0)
-    ok, why = probe(socket_path, timeout)
-    while not ok and time.monotonic() + PROBE_AGAIN_SECONDS <= deadline:
-        time.sleep(PROBE_AGAIN_SECONDS)
-        ok, why = probe(socket_path, timeout)
-    return ok, why
+    return look_until(lambda: probe(socket_path, timeout), lambda seen: seen[0], wait, PROBE_AGAIN_SECONDS)
 
 
 def _configure_logging(log_file: str, level: str) -> None:

@@ -20,6 +20,7 @@ from rdma_cni.doctor import (
 )
 from rdma_cni.doctor.findings import Finding, exit_code
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot, observe
+from rdma_cni.retry import look_until
 
 if TYPE_CHECKING:
     from rdma_cni.doctor.pod_view import ApiAccess
@@ -79,9 +80,6 @@ def diagnose_until(
     not Ready until the probe's next period (15 s), which a rolling update waits for on every node.
     A healthy node answers at the first look, as before; on one that stays broken a look again
     costs ~10 ms of CPU (measured, 2-bond test node), against ~0.5 s for the probe's process."""
-    deadline = clock() + max(wait, 0.0)
-    findings = diagnose(paths, pods)
-    while exit_code(findings) and clock() + RECHECK_SECONDS <= deadline:
-        sleep(RECHECK_SECONDS)
-        findings = diagnose(paths, pods)
-    return findings
+    return look_until(
+        lambda: diagnose(paths, pods), lambda seen: not exit_code(seen), wait, RECHECK_SECONDS, clock, sleep
+    )
