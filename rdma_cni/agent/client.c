@@ -221,6 +221,33 @@ static void config_version(const struct buf *in, char *out, size_t outlen) {
     out[e - s - 1] = 0;
 }
 
+/* The request frame: "RCN1", the item count, the body's size, the body. */
+static void put_frame(struct buf *frame, const struct buf *body, size_t count) {
+    put(frame, "RCN1", 4);
+    put_u32(frame, (uint32_t)count);
+    put_u32(frame, (uint32_t)body->len);
+    put(frame, body->p, body->len);
+}
+
+/* Connects to the agent at path, sends the frame (with the GO at its end, if it has one) and waits
+ * up to ready_ms for READY: the connected socket, or -1 (no agent there, a path too long for a
+ * socket, a refusal, no READY in time). */
+static int open_call(const char *path, const struct buf *frame, long ready_ms) {
+    struct sockaddr_un addr = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof addr.sun_path) return -1;
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    set_timeout(fd, ready_ms);
+    unsigned char reply = 0;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, frame) ||
+        recv_exact(fd, &reply, 1) || reply != 'R') {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* ---- the readiness probe ---- */
 
 #define PROBE_PLUGIN "rdma-macvlan"
@@ -237,26 +264,14 @@ static long now_ms(void) {
  * -1 and why. */
 static int probe_once(const char *path, long ready_ms, char *why, size_t whylen) {
     static const char conf[] = "{\"cniVersion\":\"1.0.0\"}", verb[] = "CNI_COMMAND=VERSION";
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    if (strlen(path) >= sizeof addr.sun_path) {
-        snprintf(why, whylen, "socket path too long: %s", path);
-        return -1;
-    }
-    strcpy(addr.sun_path, path);
     struct buf frame = {0}, body = {0}, items = {0};
     put_item(&body, PROBE_PLUGIN, strlen(PROBE_PLUGIN));
     put_item(&body, conf, strlen(conf));
     put_item(&body, verb, strlen(verb));
-    put(&frame, "RCN1", 4);
-    put_u32(&frame, 3);
-    put_u32(&frame, (uint32_t)body.len);
-    put(&frame, body.p, body.len);
+    put_frame(&frame, &body, 3);
     put(&frame, "G", 1);  /* VERSION is safe to run twice: GO right behind the request */
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), code = -1, rc = -1;
-    unsigned char reply = 0;
-    if (fd >= 0) set_timeout(fd, ready_ms);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, &frame) ||
-        recv_exact(fd, &reply, 1) || reply != 'R') {
+    int fd = open_call(path, &frame, ready_ms), code = -1, rc = -1;
+    if (fd < 0) {
         snprintf(why, whylen, "no agent answered on %s (absent, refusing, or not READY in %ld ms)", path,
                  ready_ms);
     } else {
@@ -274,8 +289,8 @@ static int probe_once(const char *path, long ready_ms, char *why, size_t whylen)
                          (int)(n > 300 ? 300 : n), (const char *)(out + 4));
             }
         }
+        close(fd);
     }
-    if (fd >= 0) close(fd);
     free(frame.p);
     free(body.p);
     free(items.p);
@@ -312,6 +327,10 @@ static int probe(int argc, char **argv) {
             return 2;
         }
     }
+    if (strlen(path) >= sizeof ((struct sockaddr_un *)0)->sun_path) {  /* no wait can mend that */
+        fprintf(stderr, "rdma-agent probe: socket path too long: %s\n", path);
+        return 1;
+    }
     long ready_ms = ready_s * 1000 < 1 ? 1 : (long)(ready_s * 1000);
     long deadline = now_ms() + (long)(wait_s * 1000);
     char why[512];
@@ -335,9 +354,6 @@ int main(int argc, char **argv) {
 
     const char *path = getenv("RDMA_CNI_AGENT_SOCKET");
     if (!path || !*path) path = DEFAULT_SOCKET;
-    struct sockaddr_un addr = { .sun_family = AF_UNIX };
-    if (strlen(path) >= sizeof addr.sun_path) fall_back(argv, &in);
-    strcpy(addr.sun_path, path);
 
     const char *name = strrchr(argv[0], '/');
     name = name ? name + 1 : argv[0];
@@ -346,21 +362,15 @@ int main(int argc, char **argv) {
     put_item(&body, name, strlen(name));
     put_item(&body, in.p ? in.p : (unsigned char *)"", in.len);
     for (char **e = environ; *e; e++, count++) put_item(&body, *e, strlen(*e));
-    put(&frame, "RCN1", 4);
-    put_u32(&frame, (uint32_t)count);
-    put_u32(&frame, (uint32_t)body.len);
-    put(&frame, body.p, body.len);
+    put_frame(&frame, &body, count);
 
     /* Verbs that are safe to run twice send GO right behind the request (no wait for READY). */
     int eager = strcmp(command, "ADD") != 0;
     if (eager) put(&frame, "G", 1);
 
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = open_call(path, &frame, ready_timeout_ms());
     if (fd < 0) fall_back(argv, &in);
-    set_timeout(fd, ready_timeout_ms());
-    unsigned char reply = 0;
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, &frame) ||
-        recv_exact(fd, &reply, 1) || reply != 'R' || (!eager && send_all(fd, (const unsigned char *)"G", 1))) {
+    if (!eager && send_all(fd, (const unsigned char *)"G", 1)) {
         close(fd);
         fall_back(argv, &in);
     }

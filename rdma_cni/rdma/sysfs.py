@@ -369,7 +369,7 @@ def read_gids(sysfs_root: str, device: str, port: int) -> list[GidEntry]:
 
 
 def gid_at(sysfs_root: str, device: str, port: int, index: int) -> GidEntry | None:
-    """The entry in one slot (None when it is empty or absent): three small reads, for a caller
+    """The entry in one slot (None when it is empty or absent): four small reads, for a caller
     that knows where a GID was and only needs to know it is still there, instead of a scan."""
     pdir = port_dir(sysfs_root, device, port)
     text = _read(os.path.join(pdir, "gids", str(index)))
