@@ -137,7 +137,7 @@ def test_seed_statefulset_unchanged_runs_two_pods_with_four_bonds_each_and_two_s
 ) -> None:
     w.apply(kube, w.seed_statefulset())
     w.wait("two seed pods ready", lambda: sum(w.ready(p) for p in w.pods(kube, SEED)) == 2, 240)
-    message = w.wait("ibv-app-2 unschedulable", functools.partial(d.unschedulable, kube, "ibv-app-2"), 60)
+    message = w.wait("ibv-app-2 unschedulable", functools.partial(w.unschedulable, kube, "ibv-app-2"), 60)
     assert "cannot allocate all claims" in message or "Insufficient" in message, message
     time.sleep(3)  # nothing more starts
     ps = w.pods(kube, SEED)
@@ -254,7 +254,7 @@ def _one_root_claim(n: int) -> str:
 def test_more_pairs_than_any_root_holds_stays_pending_with_the_schedulers_reason(kube: Binaries) -> None:
     w.apply(kube, _one_root_claim(3))
     try:
-        message = w.wait("one-root-3 unschedulable", lambda: d.unschedulable(kube, "one-root-3"), 60)
+        message = w.wait("one-root-3 unschedulable", lambda: w.unschedulable(kube, "one-root-3"), 60)
         assert "cannot allocate all claims" in message, message
         assert pod(kube, "one-root-3")["status"]["phase"] == "Pending"
     finally:
@@ -303,7 +303,7 @@ def test_a_claim_for_a_tainted_bond_is_not_allocated(kube: Binaries) -> None:
         try:
             w.wait("bond6 tainted", lambda: _tainted(kube, "bond6"), 10, 0.05)
             w.apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, p]}))
-            message = w.wait("wants-bond6 unschedulable", lambda: d.unschedulable(kube, "wants-bond6"), 60)
+            message = w.wait("wants-bond6 unschedulable", lambda: w.unschedulable(kube, "wants-bond6"), 60)
             assert "cannot allocate all claims" in message, message
             alloc = json.loads(kubectl(kube, "get", "resourceclaim", "wants-bond6", "-o", "json").stdout)
             assert not alloc.get("status", {}).get("allocation"), "never allocated while tainted"

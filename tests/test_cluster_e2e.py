@@ -116,14 +116,7 @@ def test_seed_statefulset_runs_two_pods_per_node_and_a_fifth_stays_pending(
 
     kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=5")
 
-    def unschedulable() -> str:  # a poll: read in process (cluster.apiread)
-        conds = apiread.pod("ibv-app-4").get("status", {}).get("conditions", [])
-        return next(
-            (c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"),
-            "",
-        )
-
-    message = w.wait("ibv-app-4 unschedulable", unschedulable, 60)
+    message = w.wait("ibv-app-4 unschedulable", lambda: w.unschedulable(kube, "ibv-app-4"), 60)
     assert f"Insufficient {RDMA}" in message, message
     assert pod(kube, "ibv-app-4")["status"]["phase"] == "Pending"
     kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
@@ -251,9 +244,11 @@ def _nad_crd(kube: Binaries) -> None:
         "the NAD CRD established",
         lambda: any(
             c["type"] == "Established" and c["status"] == "True"
+            # a CRD just created may show "conditions": null (kubectl's jsonpath printed "" for it)
             for c in apiread.crd("network-attachment-definitions.k8s.cni.cncf.io")
             .get("status", {})
-            .get("conditions", [])
+            .get("conditions")
+            or []
         ),
         30,
     )

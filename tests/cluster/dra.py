@@ -145,19 +145,6 @@ def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def unschedulable(bins: Binaries, pod: str, namespace: str = "default") -> str:
-    """The scheduler's message when the pod is unschedulable, else '' (also while the API does not
-    answer): a poll, read in process."""
-    try:
-        doc = apiread.pod(pod, namespace)
-    except apiread.ReadError:
-        doc = {}
-    conds = doc.get("status", {}).get("conditions", [])
-    return next(
-        (c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"), ""
-    )
-
-
 def driver_socket(node: Node) -> Path:
     return node.dir("/var/lib/kubelet") / "plugins" / DRIVER / "dra.sock"
 

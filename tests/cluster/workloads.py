@@ -88,6 +88,19 @@ def wait_ready(
     return result
 
 
+def unschedulable(bins: Binaries, pod: str, namespace: str = "default") -> str:
+    """The scheduler's message when the pod is unschedulable, else '' (also while the API does not
+    answer): a poll, read in process."""
+    try:
+        doc = apiread.pod(pod, namespace)
+    except apiread.ReadError:
+        doc = {}
+    conds = doc.get("status", {}).get("conditions", [])
+    return next(
+        (c.get("message", "") for c in conds if c["type"] == "PodScheduled" and c["status"] == "False"), ""
+    )
+
+
 def keep_scheduler() -> None:
     """kube-scheduler exits by design when it finds its cache corrupted (seen after the API server
     came back): start it again, as kubelet restarts it as a static pod on a real node. Every wait for
