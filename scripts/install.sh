@@ -136,9 +136,11 @@ link() { # link TARGET NAME: NAME becomes a symlink to TARGET, atomically
 }
 
 pinned_attachments() { # pinned_attachments [STATE_DIR]: some pod's record is there
-    d="$host_root${1:-$state_dir}"
-    [ -d "$d" ] || return 1
-    [ -n "$(find "$d" -name '*.json' -type f 2>/dev/null | head -n 1)" ]
+    # local: a caller looping over state dirs names its variable d too, and a global here rewrote it
+    # (the refusal then named $host_root twice).
+    local dir="$host_root${1:-$state_dir}"
+    [ -d "$dir" ] || return 1
+    [ -n "$(find "$dir" -name '*.json' -type f 2>/dev/null | head -n 1)" ]
 }
 
 do_uninstall() {

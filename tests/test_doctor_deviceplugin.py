@@ -19,6 +19,7 @@ from rdma_cni.cni.cache import CacheEntry, ResultCache
 from rdma_cni.doctor.diagnose import run_checks
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding, exit_code
 from rdma_cni.doctor.node import NodePaths, observe
+from rdma_cni.doctor.plugin_view import observe_device_plugin
 from tests.podresources_server import PodResourcesServer
 from tests.test_doctor import cni_tool, node, paths, pin, sim_node
 
@@ -88,6 +89,23 @@ def test_registered_plugin_counts_health_numa_and_kubelet_agrees(
     assert "3 allocatable" in agree and "mlx5_bond_2=1" in agree, agree
     assert kubelet.calls == ["List", "GetAllocatableResources"]
     assert exit_code(findings) == 0  # unhealthy devices are warnings: the node still serves 3
+
+
+def test_a_device_on_two_numa_nodes_is_one_allocatable_device_as_kubelet_lists_it_per_node(
+    node: netns.Node, tmp_path: Path, kubelet: PodResourcesServer
+) -> None:
+    # kubelet answers GetAllocatableResources with one entry per NUMA node of a device's topology
+    # (a shared-mode pool's virtual devices sit on every node of the bonds): one device, not two.
+    p = setup(node, tmp_path, kubelet)
+    status(node.run_dir, unhealthy={"mlx5_bond_3": "port 1 is DOWN"})
+    kubelet.set_allocatable(RESOURCE, {"mlx5_bond_0": (0, 1), "mlx5_bond_1": 0, "mlx5_bond_2": 1})
+    findings = run_checks(observe(p))
+    agree = next(f for f in findings if f.check == "device-plugin kubelet")
+    assert agree.status == OK, agree
+    assert "3 allocatable" in agree.detail and "mlx5_bond_0=0,1" in agree.detail, agree.detail
+    # The per-pool count (shared mode's "kubelet has N allocatable") is of devices too.
+    view = observe_device_plugin(os.path.dirname(kubelet.socket), node.run_dir, RESOURCE)
+    assert view.allocatable_by == {RESOURCE: 3}
 
 
 def test_unregistered_plugin_fails_and_a_lagging_kubelet_warns(

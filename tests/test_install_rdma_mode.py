@@ -164,6 +164,9 @@ def test_switching_the_rdma_mode_refuses_while_a_pod_holds_a_bond_or_an_address(
     proc = install(bundle, tmp_path, "--mode", "vpc-cni", "--rdma-mode", switch)
     assert proc.returncode != 0
     assert f"this node runs {start} mode and pods still hold bonds or addresses" in proc.stderr
+    # The refusal names the node's directory that holds the record, once prefixed by --host-root
+    # (the check once overwrote the caller's loop variable and named <root><root>/var/lib/cni/...).
+    assert f"(state in {tmp_path}/var/lib/cni/{state})" in proc.stderr
     assert "--force" in proc.stderr
     assert tree(tmp_path) == before, "a refused switch changed files"
     # The same mode again is no switch: it goes through with the pod there.

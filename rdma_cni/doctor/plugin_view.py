@@ -72,11 +72,11 @@ def observe_device_plugin(
     if podresources.available(sock):
         try:
             pods = podresources.list_pods(sock, timeout)
-            every = podresources.allocatable(sock, timeout)
-            alloc = [(a.device_id, a.numa) for a in every if a.resource == resource]
+            every = merged_by_device(podresources.allocatable(sock, timeout))
+            alloc = [(dev, numa) for (res, dev), numa in every.items() if res == resource]
             counts = {}
-            for a in every:
-                counts[a.resource] = counts.get(a.resource, 0) + 1
+            for res, _ in every:
+                counts[res] = counts.get(res, 0) + 1
             kubelet_error = ""
         except CniError as err:
             kubelet_error = err.msg
@@ -86,6 +86,18 @@ def observe_device_plugin(
         # stale: the plugin that wrote it is gone and kubelet has nothing of its resource
         status is not None and not alloc and not _pid_runs(status.get("pid")),
     )
+
+
+def merged_by_device(every: list[podresources.Allocatable]) -> dict[tuple[str, str], tuple[int, ...]]:
+    """(resource, device ID) -> its NUMA nodes, each device once. kubelet lists a device once per
+    NUMA node of its topology, each entry naming one node (devicemanager's
+    containerDevicesFromResourceDeviceInstances): counted as they come, a shared-mode pool whose
+    virtual devices sit on both NUMA nodes showed twice its size."""
+    out: dict[tuple[str, str], tuple[int, ...]] = {}
+    for a in every:
+        key = (a.resource, a.device_id)
+        out[key] = tuple(sorted(set(out.get(key, ())) | set(a.numa)))
+    return out
 
 
 def dra_registration(pod_resources_dir: str) -> str:

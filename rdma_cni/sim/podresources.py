@@ -59,8 +59,8 @@ class PodResourcesServer:
         # (namespace, name) -> container -> resource -> device IDs, in pod-spec order
         self._pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         self._claims: dict[tuple[str, str], dict[str, list[pb.DynamicResource]]] = {}  # container -> claims
-        self._allocatable: dict[str, dict[str, int | None]] = {}  # resource -> device -> NUMA
-        self._numa: dict[str, int | None] = {}
+        self._allocatable: dict[str, dict[str, tuple[int, ...]]] = {}  # resource -> device -> NUMA
+        self._numa: dict[str, tuple[int, ...]] = {}
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
 
@@ -84,11 +84,13 @@ class PodResourcesServer:
             self._pods.pop((namespace, name), None)
             self._claims.pop((namespace, name), None)
 
-    def set_allocatable(self, resource: str, devices: Mapping[str, int | None]) -> None:
-        """``devices``: ID -> NUMA node (None: no topology, like a device with numa_node -1)."""
+    def set_allocatable(self, resource: str, devices: Mapping[str, int | tuple[int, ...] | None]) -> None:
+        """``devices``: ID -> NUMA node, or the nodes of a device on several (None: no topology, like
+        a device with numa_node -1)."""
+        nodes = {dev: _nodes(numa) for dev, numa in devices.items()}
         with self._lock:
-            self._allocatable[resource] = dict(devices)
-            self._numa.update(devices)
+            self._allocatable[resource] = nodes
+            self._numa.update(nodes)
 
     # ------------------------------------------------------------ serving
     def add_to(self, server: grpc.Server) -> None:
@@ -150,7 +152,7 @@ class PodResourcesServer:
         return out
 
     def _topology(self, ids: Sequence[str]) -> pb.TopologyInfo | None:
-        nodes = sorted({n for i in ids if (n := self._numa.get(i)) is not None})
+        nodes = sorted({n for i in ids for n in self._numa.get(i, ())})
         return pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in nodes]) if nodes else None
 
     def _list(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext) -> Any:
@@ -177,7 +179,23 @@ class PodResourcesServer:
         with self._lock:
             devices = []
             for resource, ids in self._allocatable.items():
-                for dev, _ in ids.items():
-                    devices.append(pb.ContainerDevices(resource_name=resource, device_ids=[dev],
-                                                       topology=self._topology([dev])))  # fmt: skip
+                for dev, nodes in ids.items():
+                    devices += _per_numa_node(resource, dev, nodes)
         return pb.AllocatableResourcesResponse(devices=devices)
+
+
+def _nodes(numa: int | tuple[int, ...] | None) -> tuple[int, ...]:
+    if numa is None:
+        return ()
+    return (numa,) if isinstance(numa, int) else tuple(numa)
+
+
+def _per_numa_node(resource: str, dev: str, nodes: tuple[int, ...]) -> list[Any]:
+    """A device as kubelet's GetAllocatableResources lists it: once per NUMA node of its topology,
+    each entry naming one node (devicemanager's containerDevicesFromResourceDeviceInstances), once
+    without topology when it has none. A shared-mode virtual device on two nodes is two entries."""
+    if not nodes:
+        return [pb.ContainerDevices(resource_name=resource, device_ids=[dev])]
+    return [pb.ContainerDevices(resource_name=resource, device_ids=[dev],
+                                topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n)]))
+            for n in nodes]  # fmt: skip
