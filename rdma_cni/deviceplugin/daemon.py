@@ -29,71 +29,10 @@ from rdma_cni.deviceplugin.status import StatusFile, status_path
 from rdma_cni.deviceplugin.watch import HealthWatch
 from rdma_cni.devices import inventory
 from rdma_cni.devices.config import PluginConfig
-from rdma_cni.devices.errors import ConfigError
 from rdma_cni.devices.inventory import NodeScan, Snapshot
-from rdma_cni.devices.pools import PoolSnapshot, PoolSpec, SharedSnapshot
+from rdma_cni.devices.pools import PoolSnapshot, PoolSpec
 
 log = logging.getLogger(__name__)
-
-
-def first_scan(cfg: PluginConfig) -> NodeScan:
-    """The first scan; a ConfigError when an HCA of an exclusive pool is in another pool too."""
-    specs = cfg.pool_specs()
-    scan = inventory.scan_pools(cfg, specs)
-    if scan.conflicts:
-        hca, mine, other = scan.conflicts[0]
-        origin = {s.resource_name: s.origin for s in specs}
-        raise ConfigError(
-            f"{origin[other]}.selectors",
-            hca,
-            f"{hca} is in exclusive pool {mine} and in pool "
-            f"{other}: an HCA of an exclusive pool must be in no other pool; narrow the selectors",
-        )
-    for spec in specs:
-        _log_pool(spec, scan.pools[spec.resource_name])
-    return scan
-
-
-def _log_pool(spec: PoolSpec, snap: PoolSnapshot) -> None:
-    if isinstance(snap, SharedSnapshot):
-        healthy = sum(h.healthy for h in snap.health)
-        line = ", ".join(
-            f"{h.id}={'/'.join(h.netdevs) or '-'}/{h.link_layer}/numa{h.numa}" for h in snap.hcas
-        )
-        log.info(
-            "%s: shared, %d devices over %d HCAs (%d healthy): %s",
-            spec.resource_name,
-            snap.count,
-            len(snap.hcas),
-            healthy,
-            line or "none",
-        )
-        for h in snap.health:
-            if not h.healthy:
-                log.warning("%s: HCA %s Unhealthy (%s)", spec.resource_name, h.id, h.reason)
-        if not snap.hcas:
-            log.warning(
-                "pool %s (%s) selects no HCA (%s): registered with 0 devices",
-                spec.resource_name,
-                spec.origin,
-                spec.selection(),
-            )
-        return
-    healthy = sum(1 for h in snap.health if h.healthy)
-    log.info(
-        "%s: %d devices (%d healthy): %s",
-        spec.resource_name,
-        len(snap.bonds),
-        healthy,
-        ", ".join(f"{b.id}={b.netdev}/numa{b.numa}" for b in snap.bonds) or "none",
-    )
-    if not snap.bonds and spec.selectors is not None:
-        log.warning(
-            "pool %s (%s) selects no RDMA bond (%s): registered with 0 devices",
-            spec.resource_name,
-            spec.origin,
-            spec.selection(),
-        )
 
 
 def socket_bases(specs: tuple[PoolSpec, ...]) -> dict[str, str]:
@@ -122,7 +61,7 @@ def cdi_specs(cfg: PluginConfig, cdi: CdiConfig, scan: NodeScan) -> dict[str, Po
 
 def run(cfg: PluginConfig, stop: threading.Event, cdi: CdiConfig | None = None) -> None:
     specs = cfg.pool_specs()
-    scan = first_scan(cfg)
+    scan = inventory.first_scan(cfg)
     cdis = cdi_specs(cfg, cdi, scan) if cdi is not None else {}
     boards = {s.resource_name: Board(scan.pools[s.resource_name]) for s in specs}
     status = StatusFile(

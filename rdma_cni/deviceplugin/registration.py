@@ -35,7 +35,6 @@ import logging
 import os
 import re
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from rdma_cni.deviceplugin.server import OPTIONS, Board, DevicePluginService, se
 from rdma_cni.deviceplugin.status import PoolStatus, StatusFile
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.kube.dirwatch import DirWatch
+from rdma_cni.kube.sockets import socket_inode
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -67,15 +67,6 @@ STANDBY_CHECK_S = 1.0
 def socket_base(resource_name: str) -> str:
     """``tke.cloud.tencent.com/tke-shared-rdma`` -> ``tke-shared-rdma``."""
     return resource_name.rsplit("/", 1)[-1]
-
-
-def socket_inode(path: str) -> int | None:
-    """The inode of the unix socket at ``path``; None when there is none (or something else is there)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_ino if stat.S_ISSOCK(st.st_mode) else None
 
 
 def _nobody_listens(path: str) -> bool:

@@ -31,6 +31,7 @@ from rdma_cni.devices import hca as hca_inventory
 from rdma_cni.devices import pools as pools_model
 from rdma_cni.devices.bonds import bond_ports
 from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.errors import ConfigError
 from rdma_cni.devices.hca import Hca, mad_devices, read_text
 from rdma_cni.devices.health import HcaObservation, Holder, Observation, evaluate, evaluate_hca
 from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot, natural_key
@@ -331,3 +332,65 @@ def scan_pools(cfg: PluginConfig, specs: Sequence[PoolSpec], previous: NodeScan 
             health = tuple(evaluate_hca(h, seen[h.id]) for h in members)
             out[spec.resource_name] = SharedSnapshot(snap.count, members, health)
     return NodeScan(bonds=bonds, pools=out, conflicts=clashes)
+
+
+def first_scan(cfg: PluginConfig) -> NodeScan:
+    """The first scan of a front end (the device plugin, the DRA driver): both refuse the same configs
+    at start, so a ConfigError when an HCA of an exclusive pool is in another pool too; each pool
+    logged once, so the node's view is in the log whichever front end runs."""
+    specs = cfg.pool_specs()
+    scan = scan_pools(cfg, specs)
+    if scan.conflicts:
+        hca, mine, other = scan.conflicts[0]
+        origin = {s.resource_name: s.origin for s in specs}
+        raise ConfigError(
+            f"{origin[other]}.selectors",
+            hca,
+            f"{hca} is in exclusive pool {mine} and in pool "
+            f"{other}: an HCA of an exclusive pool must be in no other pool; narrow the selectors",
+        )
+    for spec in specs:
+        _log_pool(spec, scan.pools[spec.resource_name])
+    return scan
+
+
+def _log_pool(spec: PoolSpec, snap: PoolSnapshot) -> None:
+    if isinstance(snap, SharedSnapshot):
+        healthy = sum(h.healthy for h in snap.health)
+        line = ", ".join(
+            f"{h.id}={'/'.join(h.netdevs) or '-'}/{h.link_layer}/numa{h.numa}" for h in snap.hcas
+        )
+        log.info(
+            "%s: shared, %d devices over %d HCAs (%d healthy): %s",
+            spec.resource_name,
+            snap.count,
+            len(snap.hcas),
+            healthy,
+            line or "none",
+        )
+        for h in snap.health:
+            if not h.healthy:
+                log.warning("%s: HCA %s Unhealthy (%s)", spec.resource_name, h.id, h.reason)
+        if not snap.hcas:
+            log.warning(
+                "pool %s (%s) selects no HCA (%s): registered with 0 devices",
+                spec.resource_name,
+                spec.origin,
+                spec.selection(),
+            )
+        return
+    healthy = sum(1 for h in snap.health if h.healthy)
+    log.info(
+        "%s: %d devices (%d healthy): %s",
+        spec.resource_name,
+        len(snap.bonds),
+        healthy,
+        ", ".join(f"{b.id}={b.netdev}/numa{b.numa}" for b in snap.bonds) or "none",
+    )
+    if not snap.bonds and spec.selectors is not None:
+        log.warning(
+            "pool %s (%s) selects no RDMA bond (%s): registered with 0 devices",
+            spec.resource_name,
+            spec.origin,
+            spec.selection(),
+        )

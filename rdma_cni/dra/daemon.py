@@ -32,8 +32,6 @@ import threading
 from dataclasses import dataclass
 
 from rdma_cni.cni.errors import CniError
-from rdma_cni.deviceplugin.daemon import first_scan
-from rdma_cni.deviceplugin.registration import socket_inode
 from rdma_cni.devices import cdi, inventory
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.facts import BondFacts, read_facts
@@ -46,6 +44,7 @@ from rdma_cni.dra.service import Registration, serve_dra, serve_registration
 from rdma_cni.dra.slices import table_specs
 from rdma_cni.dra.table import DeviceBoard, DeviceTable, scan_specs, table_for
 from rdma_cni.dra.watch import NodeWatch
+from rdma_cni.kube.sockets import socket_inode
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ def start_scan(cfg: PluginConfig) -> NodeScan:
     """The first scan: with pools, the device plugin's own (it refuses an HCA of an exclusive pool in
     another pool with a ConfigError and logs each pool); without, the bonds of masters."""
     if cfg.pools:
-        return first_scan(cfg)
+        return inventory.first_scan(cfg)
     return inventory.scan_pools(cfg, scan_specs(cfg))
 
 
