@@ -5,7 +5,8 @@
 #
 # usage: install.sh [--bundle DIR] [--cni-bin-dir DIR] [--conf-dir DIR]
 #                   [--mode vpc-cni|global-router] [--kubelet-root-dir DIR] [--host-root DIR]
-#                   [--rdma-mode exclusive|shared] [--kubeconfig-from-serviceaccount]
+#                   [--rdma-mode exclusive|shared [--shared-link ipvlan|macvlan]]
+#                   [--kubeconfig-from-serviceaccount]
 #                   [--uninstall [--force]]
 #
 #   --bundle DIR        the built bundle (default: this script's dir when it holds one, else
@@ -24,6 +25,8 @@
 #                       every bond and its own address from rdma-ipvlan; also installs the
 #                       tke-rdma-ipvlan delegate config). Switching a node's mode refuses while pods
 #                       hold bonds or addresses, unless --force. Without it: no device plugin config.
+#   --shared-link LINK  shared mode's pod links: ipvlan (default) or macvlan, for kernels without
+#                       IPVLAN (the tke-rdma-ipvlan config's "link")
 #   --host-root DIR     the node's / as seen from here (a DaemonSet mounts it at /host); every other
 #                       path is a node path, and configs refer to node paths
 #   --kubeconfig-from-serviceaccount
@@ -48,6 +51,7 @@ conf_dir=/etc/cni/net.d
 mode=""
 rdma_mode=""
 rdma_mode_given=0
+shared_link=ipvlan
 kubelet_root=/var/lib/kubelet
 host_root=""
 sa_kubeconfig=0
@@ -65,12 +69,13 @@ while [ $# -gt 0 ]; do
         --conf-dir) conf_dir=$2; shift 2 ;;
         --mode) mode=$2; shift 2 ;;
         --rdma-mode) rdma_mode=$2; rdma_mode_given=1; shift 2 ;;
+        --shared-link) shared_link=$2; shift 2 ;;
         --kubelet-root-dir) kubelet_root=$2; shift 2 ;;
         --host-root) host_root=$2; shift 2 ;;
         --kubeconfig-from-serviceaccount) sa_kubeconfig=1; shift ;;
         --uninstall) uninstall=1; shift ;;
         --force) force=1; shift ;;
-        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -96,6 +101,11 @@ esac
 case "$rdma_mode_given:$rdma_mode" in
     0:|1:exclusive|1:shared) ;;
     *) die "--rdma-mode must be exclusive or shared, got '$rdma_mode'" ;;
+esac
+
+case "$shared_link" in
+    ipvlan|macvlan) ;;
+    *) die "--shared-link must be ipvlan or macvlan (kernels without IPVLAN), got '$shared_link'" ;;
 esac
 
 BIN="$host_root$bin_dir"
@@ -293,7 +303,8 @@ install_configs() {
     # The device plugin config after the delegate it names, before the old mode's delegate goes.
     write_file "$DELEGATE_DIR/tke-rdma-macvlan.conf" 644 < "$src/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf"
     if [ "$rdma_mode" = shared ]; then
-        write_file "$SHARED_DELEGATE" 644 < "$src/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf"
+        sed "s/\"link\": \"ipvlan\"/\"link\": \"$shared_link\"/" \
+            "$src/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf" | write_file "$SHARED_DELEGATE" 644
     fi
     [ -z "$rdma_mode" ] || write_device_plugin_conf
     if [ "$rdma_mode" = exclusive ] && [ -e "$SHARED_DELEGATE" ]; then

@@ -72,6 +72,21 @@ def test_shared_install_writes_the_ipvlan_delegate_and_one_shared_pool_of_1000(
     assert not list((root / "etc/rdma-cni").glob(".*tmp*"))  # written by rename: no temp file left
 
 
+def test_shared_link_macvlan_is_written_into_the_ipvlan_delegate_and_a_bad_link_is_refused(
+    bundle: Path, tmp_path: Path
+) -> None:
+    # Kernels without IPVLAN: the chart's shared.link value reaches the node through --shared-link.
+    root = tmp_path / "root"
+    proc = install(bundle, root, "--mode", "vpc-cni", "--rdma-mode", "shared", "--shared-link", "macvlan")
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads((root / DELEGATES / "tke-rdma-ipvlan.conf").read_text())
+    shipped = json.loads((bundle / "conf/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf").read_text())
+    assert written == {**shipped, "link": "macvlan"}
+    bad = install(bundle, tmp_path / "bad", "--mode", "vpc-cni", "--rdma-mode", "shared", "--shared-link", "vlan")
+    assert bad.returncode != 0 and "--shared-link must be ipvlan or macvlan" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_exclusive_rdma_mode_writes_only_the_device_plugins_exclusive_pool(
     bundle: Path, tmp_path: Path
 ) -> None:
