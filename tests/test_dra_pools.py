@@ -140,6 +140,8 @@ def test_seed_002s_config_json_publishes_its_infiniband_hca_as_a_shared_device_o
             "resource.kubernetes.io/numaNode": {"int": 1},
             "linkLayer": {"string": "InfiniBand"},
             "pool": {"string": POOL_A},
+            "k8s.cni.cncf.io/deviceID": {"string": "mlx5_4"},
+            "k8s.cni.cncf.io/resourceName": {"string": POOL_A},
         },
         "allowMultipleAllocations": True,
         "capacity": shares(200),
@@ -160,6 +162,8 @@ def test_a_second_mellanox_pool_of_roce_hcas_publishes_the_bonds_by_their_netdev
         "linkLayer": {"string": "Ethernet"}, "gidIndex": {"int": 3},
         "ipv4Subnet": {"string": "198.51.100.32/28"},
         "pool": {"string": POOL_B},
+        "k8s.cni.cncf.io/deviceID": {"string": "mlx5_bond_2"},
+        "k8s.cni.cncf.io/resourceName": {"string": POOL_B},
     }
     assert all(devs[f"bond{i}"]["capacity"] == shares(100) for i in range(4))
     assert devs["mlx5-4"]["capacity"] == shares(200)
@@ -194,6 +198,12 @@ def test_an_hca_two_shared_pools_select_is_a_device_of_each_with_a_name_of_its_o
     assert [(n, d["attributes"]["pool"]["string"], d["capacity"]["shares"]["value"]) for n, d in devs.items()
             if d["attributes"]["hca"] == {"string": "mlx5_4"}] == [("mlx5-4", "rdma/all", "5"),
                                                                   ("mlx5-4-ib", "rdma/ib", "7")]
+    # Upstream Multus's DRA path keys its resource map by resourceName and hands over deviceID: the
+    # same HCA in two pools is one deviceID under each pool's name, so a NAD of either pool finds it.
+    multus = [(d["attributes"]["k8s.cni.cncf.io/resourceName"]["string"],
+               d["attributes"]["k8s.cni.cncf.io/deviceID"]["string"]) for n, d in devs.items()
+              if d["attributes"]["hca"] == {"string": "mlx5_4"}]
+    assert multus == [("rdma/all", "mlx5_4"), ("rdma/ib", "mlx5_4")]
 
 
 def test_a_pool_of_count_0_has_no_device_as_the_device_plugin_lists_none(sim: SimNode) -> None:
@@ -217,6 +227,10 @@ def test_the_default_form_through_the_table_is_the_bond_slices_as_before(sim: Si
         assert [spec] == slice_specs(NODE, scan.bonds, FACTS, count)
         assert [d["name"] for d in spec["devices"]] == [f"bond{i}" for i in range(4)]
         assert all("pool" not in d["attributes"] for d in spec["devices"])
+    _, scan, table = sim.table("resourceName: example.com/roce\n")  # Multus matches a NAD by this name
+    [spec] = table_specs(NODE, table, FACTS)
+    assert {d["attributes"]["k8s.cni.cncf.io/resourceName"]["string"] for d in spec["devices"]} == {
+        "example.com/roce"}
 
 
 def test_health_is_each_devices_own_and_a_shared_bond_needs_no_address(sim: SimNode) -> None:

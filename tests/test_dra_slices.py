@@ -37,15 +37,36 @@ def test_one_device_per_bond_with_standard_and_own_attributes() -> None:
         "resource.kubernetes.io/numaNode": {"int": 1},
         "bond": {"string": "bond3"}, "hca": {"string": "mlx5_bond_3"}, "linkLayer": {"string": "Ethernet"},
         "gidIndex": {"int": 3}, "ipv4Subnet": {"string": "198.51.100.48/28"},
+        "k8s.cni.cncf.io/deviceID": {"string": "mlx5_bond_3"},
+        "k8s.cni.cncf.io/resourceName": {"string": "tke.cloud.tencent.com/tke-shared-rdma"},
     }
     assert "taints" not in dev0 and "allowMultipleAllocations" not in dev0 and "capacity" not in dev0
+
+
+def test_every_device_names_its_resource_and_device_id_as_upstream_multus_dra_path_matches_them() -> None:
+    """Multus (main, after v4.3.0) skips devices without both attributes, matches the NAD's
+    resourceName against the second and passes the first as the delegate's deviceID: the config's
+    own resourceName, and the bond's RDMA device name, which rdma-macvlan maps back to the bond."""
+    bonds = [bond(i) for i in range(4)]
+    for shared in (None, 1000):
+        [spec] = slice_specs("n", snap(bonds, {"mlx5_bond_2": "down"}), FACTS, shared,
+                             resource_name="example.com/roce")
+        got = [(d["attributes"]["k8s.cni.cncf.io/resourceName"], d["attributes"]["k8s.cni.cncf.io/deviceID"])
+               for d in spec["devices"]]
+        assert got == [({"string": "example.com/roce"}, {"string": f"mlx5_bond_{i}"}) for i in range(4)]
+    for dev in spec["devices"]:  # each a qualified name whose part after the domain the API takes (<= 32)
+        for key in ("k8s.cni.cncf.io/deviceID", "k8s.cni.cncf.io/resourceName"):
+            domain, ident = key.split("/")
+            assert ident.isidentifier() and len(ident) <= 32 and domain == "k8s.cni.cncf.io"
+            assert key in dev["attributes"]
 
 
 def test_numa_minus_one_and_virtual_device_leave_numa_and_pci_out() -> None:
     [spec] = slice_specs("n", snap([bond(0, numa=None, pci=False)]),
                          {"mlx5_bond_0": BondFacts("Ethernet", None, None)}, None)
     attrs = spec["devices"][0]["attributes"]
-    assert set(attrs) == {"bond", "hca", "linkLayer"}
+    assert set(attrs) == {"bond", "hca", "linkLayer", "k8s.cni.cncf.io/deviceID",
+                          "k8s.cni.cncf.io/resourceName"}
 
 
 def test_unhealthy_bond_is_tainted_noschedule_and_healthy_one_is_not() -> None:

@@ -26,6 +26,11 @@ PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 NUMA_NODE = "resource.kubernetes.io/numaNode"
 # Our own: unqualified names are in the driver's domain (rdma.tke.cloud.tencent.com/bond in CEL).
 BOND, HCA, LINK_LAYER, GID_INDEX, IPV4_SUBNET = "bond", "hca", "linkLayer", "gidIndex", "ipv4Subnet"
+# Upstream Multus's DRA path (its main branch after v4.3.0) finds a claim's devices in the slices by
+# these two: the NAD's k8s.v1.cni.cncf.io/resourceName must equal the second, and the first becomes the
+# delegate's deviceID. Devices without them it skips.
+MULTUS_DEVICE_ID = "k8s.cni.cncf.io/deviceID"
+MULTUS_RESOURCE_NAME = "k8s.cni.cncf.io/resourceName"
 # Shared mode: the consumable capacity each claim takes a share of (TKE's "1 of sharedCount").
 SHARES = "shares"
 

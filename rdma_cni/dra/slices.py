@@ -6,7 +6,10 @@ pools, any HCA a pool holds (``mlx5-4``). Each carries the standard attributes
 ``resource.kubernetes.io/{pcieRoot,pciBusID,numaNode}`` from the model's PCI facts (numaNode left out
 where sysfs says -1 or nothing) and our own: ``hca`` and ``linkLayer`` for every device; ``bond``,
 ``gidIndex`` and ``ipv4Subnet`` for a bond; ``pool`` (its pool's resource name) when the config lists
-pools. Each is left out when unknown. A device the model calls Unhealthy carries the taint
+pools. Each is left out when unknown. Every device also carries what upstream Multus's DRA path
+(after v4.3.0) matches a NAD by: ``k8s.cni.cncf.io/resourceName`` (the pool's resource name, or the
+config's ``resourceName``) and ``k8s.cni.cncf.io/deviceID`` (the RDMA device name, ``mlx5_bond_3``,
+which becomes the delegate's ``deviceID``). A device the model calls Unhealthy carries the taint
 ``rdma.tke.cloud.tencent.com/unhealthy:NoSchedule`` (with the model's reason as its value, cut to
 the API's 63 characters): the scheduler then never allocates it, as kubelet never hands out a device
 the device plugin lists Unhealthy. A shared device (TKE's ``mode: shared``: every bond with
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rdma_cni.devices.config import DEFAULT_RESOURCE
 from rdma_cni.devices.facts import BondFacts
 from rdma_cni.devices.hca import ETHERNET, INFINIBAND
 from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot
@@ -88,6 +92,17 @@ def hca_attributes(dev: DraDevice) -> Doc:
     return out
 
 
+def multus_attributes(dev: DraDevice) -> Doc:
+    """What upstream Multus's DRA path matches a NAD by and hands its delegate: the resource the
+    device counts under (the NAD's ``resourceName``, the same name as under the device plugin) and
+    the RDMA device name as ``deviceID`` (``mlx5_bond_3``: the device plugin's ID for that bond, and
+    a name rdma-macvlan maps to its bond)."""
+    return {
+        names.MULTUS_DEVICE_ID: _string(dev.device.id),
+        names.MULTUS_RESOURCE_NAME: _string(dev.resource_name),
+    }
+
+
 def table_device(dev: DraDevice, facts: BondFacts | None) -> Doc:
     """The slice's entry for ``dev`` (``facts``: its bond's, when it is a bond)."""
     attrs = attributes(dev.device, facts) if dev.bond else hca_attributes(dev)
@@ -96,6 +111,7 @@ def table_device(dev: DraDevice, facts: BondFacts | None) -> Doc:
         attrs[names.LINK_LAYER] = layer
     if dev.pool is not None:
         attrs[names.POOL] = _string(dev.pool)
+    attrs.update(multus_attributes(dev))
     return _document(dev.name, attrs, dev.health, dev.shares)
 
 
@@ -134,9 +150,9 @@ def chunks(devs: Sequence[Doc]) -> list[list[Doc]]:
 
 
 def slice_specs(node: str, snap: Snapshot, facts: Mapping[str, BondFacts], shared_count: int | None,
-                generation: int = 1) -> list[Doc]:
+                generation: int = 1, resource_name: str = DEFAULT_RESOURCE) -> list[Doc]:
     """The default form's slices: one device per bond of ``snap`` (see :func:`table_specs`)."""
-    return table_specs(node, of_bonds(snap, shared_count), facts, generation)
+    return table_specs(node, of_bonds(snap, shared_count, resource_name), facts, generation)
 
 
 def table_specs(node: str, table: DeviceTable, facts: Mapping[str, BondFacts],

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rdma_cni.devices.config import PluginConfig
+from rdma_cni.devices.config import DEFAULT_RESOURCE, PluginConfig
 from rdma_cni.devices.inventory import NodeScan
 from rdma_cni.devices.members import NEVER_CHECKED, PoolMember, pool_members
 from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot
@@ -55,6 +55,9 @@ class DraDevice:
     pool: str | None = None  # its pool's resource name; None in the default form
     shares: int | None = None  # multi-allocatable with this many shares; None: one claim at a time
     link_layer: str | None = None  # as the HCA read says it (a bond's is read with its facts)
+    # The extended resource a device plugin would count it under (its pool's, or the default form's
+    # resourceName): a NAD's k8s.v1.cni.cncf.io/resourceName names it under DRA as under the plugin.
+    resource_name: str = DEFAULT_RESOURCE
 
 
 @dataclass(frozen=True)
@@ -75,13 +78,14 @@ def default_shares(cfg: PluginConfig) -> int | None:
     return cfg.shared_count if cfg.mode == SHARED else None
 
 
-def of_bonds(snap: Snapshot, shares: int | None) -> DeviceTable:
-    """The default form: one device per bond of ``snap`` (see the module doc)."""
+def of_bonds(snap: Snapshot, shares: int | None, resource_name: str = DEFAULT_RESOURCE) -> DeviceTable:
+    """The default form: one device per bond of ``snap`` (see the module doc), each counted under
+    ``resource_name`` (the config's ``resourceName``)."""
     by_id = names.device_names([(b.id, b.netdev) for b in snap.bonds])
     health = {h.id: h for h in snap.health}
     return DeviceTable(tuple(
         DraDevice(by_id[b.id], b, health.get(b.id) or DeviceHealth(b.id, False, NEVER_CHECKED), True,
-                  shares=shares)
+                  shares=shares, resource_name=resource_name)
         for b in snap.bonds))
 
 
@@ -117,7 +121,7 @@ def of_scan(specs: Sequence[PoolSpec], scan: NodeScan) -> DeviceTable:
     out = []
     for name, m in zip(member_names(members, scan.bonds.bonds), members, strict=True):
         out.append(DraDevice(name, m.device, m.health, m.bond, m.pool.resource_name,
-                             m.pool.count if m.pool.shared else None, m.link_layer))
+                             m.pool.count if m.pool.shared else None, m.link_layer, m.pool.resource_name))
     return DeviceTable(tuple(out))
 
 
@@ -134,7 +138,7 @@ def table_for(cfg: PluginConfig, scan: NodeScan) -> DeviceTable:
     """The table of ``scan`` in the form ``cfg`` asks for (see the module doc)."""
     if cfg.pools:
         return of_scan(cfg.pool_specs(), scan)
-    return of_bonds(scan.bonds, default_shares(cfg))
+    return of_bonds(scan.bonds, default_shares(cfg), cfg.resource_name)
 
 
 def as_table(value: object, shares: int | None = None) -> DeviceTable | None:
