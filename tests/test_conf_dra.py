@@ -35,7 +35,8 @@ def test_the_dra_daemonset_is_the_shipped_one_with_the_driver_instead_of_the_dev
     assert b["initContainers"] == v["initContainers"]
     vols_b = {x["name"]: x for x in b["volumes"]}
     vols_v = {x["name"]: x for x in v["volumes"]}
-    assert set(vols_b) - set(vols_v) == {"device-plugins", "pod-resources"}
+    # npwg-devinfo: the device plugin's NPWG device-info files for upstream Multus (issue 36)
+    assert set(vols_b) - set(vols_v) == {"device-plugins", "pod-resources", "npwg-devinfo"}
     assert set(vols_v) - set(vols_b) == {"kubelet-plugins", "plugins-registry", "cdi"}
     assert all(vols_b[n] == vols_v[n] for n in set(vols_b) & set(vols_v))
     rest_b, rest_v = copy.deepcopy(base), copy.deepcopy(dra)

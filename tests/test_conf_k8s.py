@@ -337,6 +337,29 @@ def test_schema_check_catches_a_bad_agent_container() -> None:
         assert schema_problems(bad), bad
 
 
+def test_refresh_doctor_sees_every_node_path_it_reads_at_that_path() -> None:
+    """The readiness doctor reads the caches and records the installed configs name by node path:
+    without them it warned on a healthy node ("held by container X whose pod is not recorded" for
+    every held bond, "GID record ... has no attachment" for every shared pod)."""
+    from rdma_cni.doctor.node import NodePaths
+
+    ds = _daemonset()
+    mounts = _host_mounts(ds, _container(ds, "refresh"))
+    records = ["/var/lib/cni/rdma-macvlan", "/var/lib/cni/rdma-ipvlan", "/run/rdma-cni"]
+    wanted = [*NodePaths().results_dirs, *records]
+    for path in wanted:
+        mount = _under(path, mounts)
+        assert mount is not None, f"refresh does not see {path}"
+        assert mounts[mount]["hostPath"] == mount, f"{path} is not the node's {path} in refresh"
+
+
+def test_device_plugin_writes_npwg_device_info_where_upstream_multus_reads_it() -> None:
+    ds = _daemonset()
+    mounts = _host_mounts(ds, _container(ds, "rdma-device-plugin"))
+    mount = _under("/var/run/k8s.cni.cncf.io/devinfo/dp/x.json", mounts, writable=True)
+    assert mount == "/var/run/k8s.cni.cncf.io" and mounts[mount]["hostPath"] == "/run/k8s.cni.cncf.io"
+
+
 def _expand(args: list[str], env: dict[str, str]) -> list[str]:
     """kubelet's $(VAR) expansion of container args."""
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from cluster import apiread
+from cluster import apiread, chart
 from cluster import topology as topo
 from cluster.build import Binaries
 from cluster.cluster import RDMA, kubectl, kubectl_argv, node_resources, restart, restart_if_dead, status
@@ -26,7 +26,6 @@ from rdma_cni.kube import podresources
 log = logging.getLogger("cluster")
 
 REPO = Path(__file__).resolve().parents[2]
-MANIFEST = REPO / "conf" / "k8s" / "rdma-cni.yaml"
 SEED_STATEFULSET = Path(__file__).resolve().parent / "seed000-rdma-test.yaml"
 TEST_IMAGE = "rdma-cni-test:0.1"
 LABEL = "feature.node.kubernetes.io/tke-shared-rdma"
@@ -50,12 +49,9 @@ def label_nodes(bins: Binaries, nodes: int) -> None:
 
 
 def product_manifest(rdma_mode: str = "exclusive", tag: str = "0.1.0") -> str:
-    """conf/k8s/rdma-cni.yaml as a user edits it: the image tag and RDMA_MODE, nothing else."""
-    text = MANIFEST.read_text()
-    text = text.replace("image: rdma-cni:0.1.0", f"image: rdma-cni:{tag}")
-    if rdma_mode != "exclusive":
-        text = text.replace("value: exclusive  # or shared", f"value: {rdma_mode}  # or shared")
-    return text
+    """conf/k8s/rdma-cni.yaml with the image tag and the RDMA mode chosen: the chart rendered with
+    those two values (conf/k8s/rdma-cni.yaml is its rendering from the defaults)."""
+    return chart.template("--set", f"rdmaMode={rdma_mode}", "--set", f"image.tag={tag}")
 
 
 def apply(bins: Binaries, text: str) -> None:

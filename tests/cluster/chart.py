@@ -1,0 +1,135 @@
+"""The Helm chart (charts/rdma-cni) rendered by real helm: what ``scripts/render-manifests`` writes
+into conf/k8s/ for users without Helm, and what the chart's tests compare and install.
+
+    text = template("--set", "rdmaMode=shared")     # helm template, as a user runs it
+    files = manifests()                               # conf/k8s path -> the text it must hold
+
+Helm is the test cluster's (``scripts/cluster build`` builds it from helm.sh/helm/v4 and caches it);
+``HELM=`` names another.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from cluster.build import BuildError
+from cluster.versions import HELM_BUILD
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "rdma-cni"
+K8S = REPO / "conf" / "k8s"
+RELEASE = "rdma-cni"
+NAMESPACE = "kube-system"
+
+HEADER = """\
+# Rendered from charts/rdma-cni by `helm template rdma-cni charts/rdma-cni -n kube-system{sets}`
+# (scripts/render-manifests): do not edit, change the chart's values instead. With Helm:
+#   helm install rdma-cni charts/rdma-cni -n kube-system{sets}
+# Without Helm:
+#   kubectl label node <nodeName> feature.node.kubernetes.io/tke-shared-rdma=true
+#   kubectl apply -f {apply}
+#   kubectl -n kube-system get po -o wide -l k8s-app=rdma-cni
+# Every parameter (the seed's component parameters, kubeletRootDir, clusterNetwork, rdmaMode,
+# frontEnd, Mellanox's config.json, metrics) is a value: charts/rdma-cni/values.yaml.
+"""
+# conf/k8s/dra/ keeps the three files users apply as a directory: the DRA-only RBAC and admission
+# policy, and the DeviceClasses, beside the DaemonSet and what it shares with the default variant.
+DRA_SPLIT = {
+    "rdma-dra-rbac.yaml": (
+        ("ClusterRole", "rdma-cni-dra"),
+        ("ClusterRoleBinding", "rdma-cni-dra"),
+        ("ValidatingAdmissionPolicy", None),
+        ("ValidatingAdmissionPolicyBinding", None),
+    ),
+    "deviceclasses.yaml": (("DeviceClass", None),),
+}
+
+
+def helm() -> str:
+    """The helm to run: $HELM, else the test cluster's cached build."""
+    given = os.environ.get("HELM")
+    if given:
+        return given
+    path = HELM_BUILD.bin_dir / "helm"
+    if not path.is_file():
+        raise BuildError(f"helm {HELM_BUILD.version}: not built (run scripts/cluster build)")
+    return str(path)
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """helm ARGS, its output captured; never raises on a non-zero exit (callers read stderr)."""
+    env = dict(
+        os.environ, HELM_CACHE_HOME="/tmp/rdma-cni-helm/cache", HELM_CONFIG_HOME="/tmp/rdma-cni-helm/config"
+    )
+    return subprocess.run(
+        [helm(), *args], capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+
+
+def template(*sets: str) -> str:
+    """``helm template`` of the chart in kube-system with extra flags (``--set k=v``...)."""
+    proc = run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *sets)
+    if proc.returncode != 0:
+        raise RuntimeError(f"helm template {' '.join(sets)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _documents(text: str) -> list[str]:
+    """The rendered documents, each with its comments (``# Source:`` first)."""
+    return [d.strip("\n") + "\n" for d in re.split(r"^---\n", text, flags=re.MULTILINE) if d.strip()]
+
+
+def _kind_name(doc: str) -> tuple[str, str]:
+    kind = re.search(r"^kind: (\S+)", doc, re.MULTILINE)
+    name = re.search(r"^metadata:\n(?:  .*\n)*?  name: (\S+)", doc, re.MULTILINE)
+    return (kind.group(1) if kind else "", name.group(1) if name else "")
+
+
+def _join(docs: list[str], header: str) -> str:
+    return header + "".join(f"---\n{d}" for d in docs)
+
+
+def manifests() -> dict[Path, str]:
+    """Every conf/k8s file the chart renders -> its text."""
+    out = {
+        K8S / "rdma-cni.yaml": _join(
+            _documents(template()), HEADER.format(sets="", apply="conf/k8s/rdma-cni.yaml")
+        )
+    }
+    header = HEADER.format(sets=" --set frontEnd=dra", apply="conf/k8s/dra/")
+    rest = _documents(template("--set", "frontEnd=dra"))
+    for name, wanted in DRA_SPLIT.items():
+        mine = [d for d in rest if any(_matches(d, kind, n) for kind, n in wanted)]
+        rest = [d for d in rest if d not in mine]
+        out[K8S / "dra" / name] = _join(mine, header)
+    out[K8S / "dra" / "rdma-cni-dra.yaml"] = _join(rest, header)
+    return out
+
+
+def _matches(doc: str, kind: str, name: str | None) -> bool:
+    k, n = _kind_name(doc)
+    return k == kind and (name is None or n == name)
+
+
+def main(argv: list[str]) -> int:
+    """scripts/render-manifests [--check]: write conf/k8s from the chart, or say what differs."""
+    check = argv[:1] == ["--check"]
+    stale = []
+    for path, text in manifests().items():
+        if path.exists() and path.read_text() == text:
+            continue
+        stale.append(path.relative_to(REPO))
+        if not check:
+            path.write_text(text)
+    verb = "differ from the chart (run scripts/render-manifests)" if check else "rendered"
+    for p in stale:
+        print(f"{p}: {verb}", file=sys.stderr)
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
