@@ -22,6 +22,11 @@ CONTAINERD = "v2.4.2"
 # helm.sh/helm/v4: the chart's tests run the Helm users run (v4: server-side apply by default, kstatus
 # waits); chart apiVersion v2 is what both Helm 3 and 4 read.
 HELM = "v4.3.2"
+# gopkg.in/k8snetworkplumbingwg/multus-cni.v4: the meta plugin NVIDIA network-operator's users run.
+# v4.2.3 (the proxy also serves v4.2.4 and v4.3.0): the release the facts were read from;
+# it keeps kubelet's device ID order (v4.3.0 sorts them) and reads DRA devices from PodResources only.
+MULTUS = "v4.2.3"
+MULTUS_MODULE = "gopkg.in/k8snetworkplumbingwg/multus-cni.v4"
 
 
 @dataclass(frozen=True)
@@ -120,4 +125,15 @@ HELM_BUILD = GoBuild(
     # Helm's Makefile stamps the same: `helm version` says the tag, with no "unreleased" metadata.
     f"-s -w -X helm.sh/helm/v4/internal/version.version={HELM} -X helm.sh/helm/v4/internal/version.metadata=",
 )
-BUILDS = (KUBE, ETCD_BUILD, CONTAINERD_BUILD, HELM_BUILD)
+MULTUS_BUILD = GoBuild(
+    "multus",
+    MULTUS,
+    HERE / "gomod-multus",
+    tuple(
+        f"{MULTUS_MODULE}/cmd/{c}"
+        for c in ("multus", "multus-daemon", "multus-shim", "install_multus", "thin_entrypoint")
+    ),
+    # hack/build-go.sh's stamps: `multus --version` says the release, not master@git
+    f"-s -w -X {MULTUS_MODULE}/pkg/multus.version={MULTUS} -X {MULTUS_MODULE}/pkg/multus.gitTreeState=clean",
+)
+BUILDS = (KUBE, ETCD_BUILD, CONTAINERD_BUILD, HELM_BUILD, MULTUS_BUILD)
