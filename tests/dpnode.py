@@ -54,7 +54,13 @@ class DpNode:
         return ["ip", "netns", "exec", self.n.name, *self.plugin,
                 "--kubelet-root-dir", self.kubelet.root, "--sysfs-root", self.sysfs, "--dev-root", self.dev,
                 "--cni-conf", self.conf, "--run-dir", self.run_dir, "--log-file", self.log,
+                "--device-info-dir", self.device_info_dir,
                 "--log-level", "debug", "--rescan-interval", "0.2", *extra]
+
+    @property
+    def device_info_dir(self) -> str:
+        """Where this node's plugin keeps its NPWG device-info files (never the machine's /var/run)."""
+        return os.path.join(self.run_dir, "devinfo")
 
     def start(self, *extra: str, wait: bool = True,
               previous: Endpoint | None = None) -> subprocess.Popen[bytes]:

@@ -156,7 +156,7 @@ def test_bundled_device_plugin_registers_with_a_kubelet_without_python(bundle: P
         proc = subprocess.Popen(
             [str(bundle / "rdma-device-plugin"), "--kubelet-root-dir", kubelet.root, "--sysfs-root", sysfs,
              "--dev-root", str(tmp_path / "dev"), "--cni-conf", str(conf), "--run-dir", str(tmp_path / "run"),
-             "--log-file", ""],
+             "--log-file", "", "--device-info-dir", str(tmp_path / "devinfo")],
             env=bare_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             ep = kubelet.wait_endpoint("tke.cloud.tencent.com/tke-shared-rdma", timeout=60)
@@ -193,7 +193,8 @@ def test_bundled_device_plugin_serves_seed_002s_mellanox_pool(bundle: Path, tmp_
         proc = subprocess.Popen(
             [str(bundle / "rdma-device-plugin"), "--config", str(config), "--kubelet-root-dir", kubelet.root,
              "--sysfs-root", sysfs, "--dev-root", str(tmp_path / "dev"),
-             "--cni-conf", str(tmp_path / "none.conf"), "--run-dir", str(tmp_path / "run"), "--log-file", ""],
+             "--cni-conf", str(tmp_path / "none.conf"), "--run-dir", str(tmp_path / "run"), "--log-file", "",
+             "--device-info-dir", str(tmp_path / "devinfo")],
             env=bare_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             ep = kubelet.wait_endpoint("rdma/hca_shared_devices_a", timeout=60)

@@ -53,6 +53,7 @@ FLAGS = {
     "--resource-name": "resource_name",
     "--rescan-interval": "rescan_interval_s",
     "--run-dir": "run_dir",
+    "--device-info-dir": "device_info_dir",
     "--log-file": "log_file",
     "--log-level": "log_level",
 }
@@ -70,6 +71,8 @@ HELP = {
     "a config listing pools names its own)",
     "rescan_interval_s": "seconds between sysfs rescans (port state has no event; default 0.5)",
     "run_dir": "where status.json goes (<run-dir>/device-plugin/; default the CNI config's runDir)",
+    "device_info_dir": "where the NPWG device-info files for Multus go (default "
+    "/var/run/k8s.cni.cncf.io/devinfo/dp, where Multus reads them; \"\" writes none)",
     "log_file": "log file (logs also go to stderr)",
     "log_level": "debug, info, warning or error",
 }

@@ -7,7 +7,8 @@ never forks: gRPC's threads and a fork do not mix, which is why the plugin is no
 ``rdma-agent`` (it forks workers).
 
 With ``--cdi`` (:mod:`.cdi`), each pool's CDI spec is written before its first registration,
-synced on every change the health watch publishes, and left in place at stop.
+synced on every change the health watch publishes, and left in place at stop. The NPWG device-info
+files for Multus (:mod:`.devinfo`) follow the same changes, unless ``deviceInfoDir`` is ``""``.
 
 Usage::
 
@@ -23,6 +24,7 @@ import threading
 from collections import Counter
 
 from rdma_cni.deviceplugin.cdi import CdiConfig, PoolCdi, sweep_dropped
+from rdma_cni.deviceplugin.devinfo import DeviceInfoDir
 from rdma_cni.deviceplugin.registration import Lifecycle, socket_base
 from rdma_cni.deviceplugin.server import Board
 from rdma_cni.deviceplugin.status import StatusFile, status_path
@@ -71,6 +73,9 @@ def run(cfg: PluginConfig, stop: threading.Event, cdi: CdiConfig | None = None) 
     )
     pools = {s.resource_name: status.pool(s.resource_name) for s in specs}
     single = "pools" not in status.snapshot()
+    names = [s.resource_name for s in specs]
+    infos = DeviceInfoDir(cfg.device_info_dir, names) if cfg.device_info_dir else None
+    current = dict(scan.pools)
 
     def changed(name: str, snap: PoolSnapshot) -> None:
         if single and isinstance(snap, Snapshot):
@@ -82,6 +87,9 @@ def run(cfg: PluginConfig, stop: threading.Event, cdi: CdiConfig | None = None) 
                 cdis[name].sync(snap)
             except OSError as e:  # the next change or Allocate tries again (and says so to kubelet)
                 log.warning("CDI spec %s not rewritten: %s", cdis[name].path, e)
+        current[name] = snap
+        if infos is not None:
+            infos.sync(current)
 
     for s in specs:
         changed(s.resource_name, scan.pools[s.resource_name])

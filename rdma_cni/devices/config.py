@@ -48,6 +48,7 @@ DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"  # rdma-macvlan's own defaults (p
 # The CNI plugins whose delegate config --cni-conf may name, and each one's default dataDir.
 CNI_DATA_DIRS = {"rdma-macvlan": DEFAULT_DATA_DIR, "rdma-ipvlan": "/var/lib/cni/rdma-ipvlan"}
 DEFAULT_LOG_FILE = "/var/log/rdma-cni/rdma-device-plugin.log"
+DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/dp"  # where upstream Multus looks (hard-coded)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # Below 50 ms a rescan of 8 bonds is a noticeable share of a core; above 60 s the port state (which
 # has no netlink event) would reach kubelet far later than the 1 s the product promises.
@@ -85,6 +86,7 @@ class PluginConfig:
     mode: str = EXCLUSIVE  # the one pool's mode when no pools are listed (TKE's ``mode: shared``)
     shared_count: int = DEFAULT_SHARED_COUNT
     pools: tuple[PoolSpec, ...] = ()  # ``pools:`` or Mellanox's ``configList``; () = the one pool
+    device_info_dir: str = DEFAULT_DEVICE_INFO_DIR  # NPWG device-info files for Multus; "" = none
 
     def pool_specs(self) -> tuple[PoolSpec, ...]:
         """The pools to serve: those listed, else the one named ``resource_name`` over the bonds of
@@ -133,6 +135,10 @@ def _abs_path(value: object) -> str:
     if not isinstance(value, str) or not os.path.isabs(value) or "\0" in value:
         raise ValueError
     return os.path.normpath(value)
+
+
+def _abs_path_or_off(value: object) -> str:
+    return "" if value == "" else _abs_path(value)
 
 
 def _existing_dir(value: object) -> str:
@@ -208,6 +214,9 @@ KEYS = (
     Key("env_nccl_ib_gid_index", "env.NCCL_IB_GID_INDEX", _bool, "use true or false (a YAML/JSON boolean)"),
     Key("env_ucx_net_devices", "env.UCX_NET_DEVICES", _bool, "use true or false (a YAML/JSON boolean)"),
     Key("env_ucx_ib_gid_index", "env.UCX_IB_GID_INDEX", _bool, "use true or false (a YAML/JSON boolean)"),
+    Key("device_info_dir", "deviceInfoDir", _abs_path_or_off,
+        f'{_DIR_FIX} for NPWG device-info files, normally {DEFAULT_DEVICE_INFO_DIR} (where Multus '
+        'reads them), or "" to write none'),
     Key("log_file", "logFile", _log_file, 'use an absolute file path, or "" for stderr only'),
     Key("log_level", "logLevel", _log_level, "use one of debug, info, warning, error"),
     Key("mode", "mode", _mode, "use exclusive (one device per RDMA bond, the default) or shared "

@@ -54,6 +54,9 @@ NODE_DIRS = {
     "/var/log/containers": "var-log-containers",
     "/var/log/rdma-cni": "var-log-rdma-cni",
     "/run/netns": "run-netns",
+    # device-info files (NPWG: /var/run/k8s.cni.cncf.io/devinfo/{dp,cni}): what the node's device
+    # plugin wrote for its own bonds, read and copied there by Multus on that node
+    "/run/k8s.cni.cncf.io": "run-k8s.cni.cncf.io",
 }
 # The real sysfs pieces bound into the simulated tree.
 REAL_SYS = ("fs", "kernel", "block", "dev", "firmware", "power", "hypervisor", "devices/system")

@@ -42,7 +42,8 @@ def device_plugin(d: Demo) -> Iterator[Any]:
     cmd = ["ip", "netns", "exec", d.node, *cmd, "--kubelet-root-dir", str(d.kubelet_root),
            "--sysfs-root", d.sysfs, "--dev-root", d.dev_root,
            *d.device_plugin_config(),
-           "--log-file", str(d.tmp / "log" / "rdma-device-plugin.log")]
+           "--log-file", str(d.tmp / "log" / "rdma-device-plugin.log"),
+           "--device-info-dir", str(d.tmp / "devinfo")]
     say(f"$ {' '.join(cmd[4:])}")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
