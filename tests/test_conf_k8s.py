@@ -566,6 +566,55 @@ def test_rdma_mode_switch_reaches_the_installer_and_the_device_plugin(
     assert _under(cfg.data_dir + "/attachments", _host_mounts(ds, dp)) is not None
 
 
+def _example_commands() -> list[tuple[str, list[str]]]:
+    """(file:container, command + args) of every container of the examples, as its PID 1 runs."""
+    out = []
+    for path in sorted((K8S / "examples").rglob("*.yaml")) + sorted(
+        (K8S / "dra" / "examples").glob("*.yaml")
+    ):
+        for doc in documents(path):
+            spec = doc.get("spec", {})
+            spec = spec.get("template", {}).get("spec", spec)
+            for c in spec.get("containers", []) if isinstance(spec, dict) else []:
+                if c.get("command"):
+                    out.append((f"{path.relative_to(K8S)}:{c['name']}", [*c["command"], *c.get("args", [])]))
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize(("where", "argv"), _example_commands(), ids=[w for w, _ in _example_commands()])
+def test_every_example_ends_at_once_when_its_pod_is_deleted(where: str, argv: list[str]) -> None:
+    """kubelet stops a container with SIGTERM to its PID 1, which the kernel shields from signals it
+    does not handle: an example whose PID 1 ignores it holds every delete for the grace period (the
+    DRA examples' `sleep infinity` did, 30 s each). Run as PID 1 of a PID namespace, it must end."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while not _children(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (pid1,) = _children(proc.pid)
+        time.sleep(0.5)  # past its start: the trap or handler is set
+        os.kill(pid1, signal.SIGTERM)
+        proc.wait(timeout=3)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_shared_mode_example_reads_its_gid_index_from_the_network_status_annotation() -> None:
     (doc,) = list(documents(K8S / "examples" / "shared-mode" / "nccl-gid-from-network-status.yaml"))
     assert doc["metadata"]["annotations"][ANNOTATION].endswith(",tke-rdma-ipvlan")
