@@ -24,6 +24,9 @@ from rdma_cni.cni import config_fields as cf
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError, ConfigKeyError, invalid_key
 from rdma_cni.rdma import sysfs
 
+# The device plugin's resource of exclusive mode, which a delegate that picks bonds itself must
+# respect (a config's "resourceName" key; a NAD's k8s.v1.cni.cncf.io/resourceName under Multus).
+RDMA_RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 DEFAULT_RUN_DIR = "/run/rdma-cni"  # both plugins': the GID records of both modes in one place
 LOG_LEVELS = ("debug", "info", "warning", "error")
 NETNS_MODES = ("shared", "exclusive")

@@ -11,7 +11,10 @@ import pytest
 
 from rdma_cni.cni.errors import CniError
 from rdma_cni.cni.request import Attachment, Request
+from rdma_cni.kube.allocated import DeviceHolders
 from rdma_cni.plugins.macvlan.select import aliases, choose_bonds
+
+RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 
 
 def sysfs(tmp_path: Path) -> str:
@@ -83,3 +86,84 @@ def test_device_ids_must_be_strings(tmp_path: Path) -> None:
     with pytest.raises(CniError) as err:
         choose(sysfs(tmp_path), req(deviceIDs=[1]))
     assert err.value.code == 7
+
+
+# ------------------------------------------------------------ kubelet's allocation bounds the choice
+def holders(mine: tuple[str, ...] = (), others: dict[str, str] | None = None, served: bool = True) -> (
+    DeviceHolders
+):  # fmt: skip
+    return DeviceHolders(RESOURCE, mine, others or {}, served, "kubelet PodResources (test)")
+
+
+def pod_req(cid: str = "c1", ifname: str = "net3", **rc: object) -> Request:
+    return Request(command="ADD", cni_version="1.1.0", container_id=cid, ifname=ifname, runtime_config=dict(rc),
+                   args={"K8S_POD_NAMESPACE": "default", "K8S_POD_NAME": "ibv-app-0"})  # fmt: skip
+
+
+def choose4(root: str, r: Request, kubelet: DeviceHolders, pins: dict[str, Attachment] | None = None) -> (
+    list[str]
+):  # fmt: skip
+    return choose_bonds(r, ["bond0", "bond1", "bond2", "bond3"], 1, pins or {}, lambda b: "", rdma_of, root,
+                        kubelet)  # fmt: skip
+
+
+def sysfs4(tmp_path: Path) -> str:
+    root = tmp_path / "sys"
+    for i in range(4):
+        (root / "class" / "net" / f"bond{i}").mkdir(parents=True)
+        (root / "class" / "infiniband" / f"mlx5_bond_{i}").mkdir(parents=True)
+    return str(root)
+
+
+def test_without_a_device_id_the_pod_gets_a_bond_of_its_own_allocation(tmp_path: Path) -> None:
+    root = sysfs4(tmp_path)
+    got = choose4(root, pod_req(), holders(("mlx5_bond_2", "mlx5_bond_3"), {"mlx5_bond_0": "pod default/b"}),
+                  {"bond2": Attachment("c1", "net1")})  # fmt: skip
+    assert got == ["bond3"]  # bond2 is this pod's net1 already; bond0 is another pod's, never a choice
+
+
+def test_references_beyond_the_allocation_are_error_7_never_another_pods_bond(tmp_path: Path) -> None:
+    """Found under upstream Multus v4.2.3: a pod given bond2 and bond3 referencing the NAD three times
+    got bond0, which kubelet had allocated to another pod (Multus passes no deviceID to the third)."""
+    root = sysfs4(tmp_path)
+    pins = {"bond2": Attachment("c1", "net1"), "bond3": Attachment("c1", "net2")}
+    with pytest.raises(CniError) as err:
+        choose4(root, pod_req(), holders(("mlx5_bond_2", "mlx5_bond_3"), {"mlx5_bond_0": "pod default/b"}), pins)
+    assert err.value.code == 7
+    msg = err.value.msg
+    assert "pod default/ibv-app-0 was allocated 2 " + RESOURCE in msg and "bond2, bond3" in msg, msg
+    assert "bond2 by container c1 (net1), bond3 by container c1 (net2) already attached" in msg, msg
+    assert "reference the network at most as many times as the pod asks for " + RESOURCE in msg, msg
+
+
+def test_a_pod_holding_none_of_a_served_resource_gets_no_bond(tmp_path: Path) -> None:
+    with pytest.raises(CniError) as err:
+        choose4(sysfs4(tmp_path), pod_req(), holders((), {"mlx5_bond_0": "pod default/b"}))
+    assert err.value.code == 7
+    assert "pod default/ibv-app-0 holds no " + RESOURCE + " device" in err.value.msg
+    assert "request " + RESOURCE + " in the pod's spec" in err.value.msg
+
+
+def test_where_kubelet_does_not_serve_the_resource_any_free_bond_is_given(tmp_path: Path) -> None:
+    assert choose4(sysfs4(tmp_path), pod_req(), holders((), {}, served=False)) == ["bond0"]
+
+
+def test_opaque_ids_never_take_a_bond_kubelet_gave_another_pod(tmp_path: Path) -> None:
+    root = sysfs4(tmp_path)
+    others = {"mlx5_bond_0": "pod default/b", "bond1": "pod default/c"}  # by RDMA device or DRA name
+    assert choose4(root, pod_req(deviceIDs=["0", "1"]), holders((), others)) == ["bond2", "bond3"]
+    with pytest.raises(CniError) as err:
+        choose4(root, pod_req(deviceIDs=["0", "1", "2"]), holders((), others))
+    assert err.value.code == 11
+    assert "bond0 is allocated by kubelet to pod default/b; bond1 is allocated by kubelet to pod default/c" in (
+        err.value.msg
+    )
+
+
+def test_a_device_id_naming_no_bond_of_the_network_is_error_7(tmp_path: Path) -> None:
+    with pytest.raises(CniError) as err:
+        choose(sysfs(tmp_path), req(deviceID="mlx5_bond_7"))
+    assert err.value.code == 7
+    msg = err.value.msg
+    assert "device ID 'mlx5_bond_7' names no bond of this network on this node" in msg, msg
+    assert "bond0: 0000:3b:00.0, 0000:3b:00.1, mlx5_bond_0" in msg and "resourceName" in msg, msg

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from rdma_cni.cni.errors import STATE_CORRUPT, CniError
@@ -26,23 +27,38 @@ CHECKPOINT = "kubelet_internal_checkpoint"
 
 def pod_devices(device_plugin_dir: str, pod_uid: str) -> dict[str, list[str]]:
     """Resource -> IDs allocated to every container of the pod, in container order; {} if none."""
+    return read(device_plugin_dir).pods.get(pod_uid, {})
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the checkpoint says: each pod's devices by UID, and the resources registered here."""
+
+    pods: dict[str, dict[str, list[str]]]
+    registered: frozenset[str]
+
+
+def read(device_plugin_dir: str) -> Checkpoint:
+    """Every pod's allocation (pod UID -> resource -> IDs); empty when there is no checkpoint."""
     path = os.path.join(device_plugin_dir, CHECKPOINT)
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
         log.info("no kubelet device checkpoint at %s", path)
-        return {}
+        return Checkpoint({}, frozenset())
     except (OSError, ValueError) as exc:
         raise CniError(STATE_CORRUPT, f"kubelet device checkpoint {path} cannot be read: {exc}") from exc
-    entries = ((doc or {}).get("Data") or {}).get("PodDeviceEntries") or []
-    out: dict[str, list[str]] = {}
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("PodUID") != pod_uid:
+    data = (doc or {}).get("Data") or {}
+    pods: dict[str, dict[str, list[str]]] = {}
+    for entry in data.get("PodDeviceEntries") or []:
+        if not isinstance(entry, dict):
             continue
-        ids = out.setdefault(str(entry.get("ResourceName", "")), [])
+        of_pod = pods.setdefault(str(entry.get("PodUID", "")), {})
+        ids = of_pod.setdefault(str(entry.get("ResourceName", "")), [])
         ids.extend(dev for dev in _ids(entry.get("DeviceIDs")) if dev not in ids)
-    return out
+    registered = data.get("RegisteredDevices")
+    return Checkpoint(pods, frozenset(registered) if isinstance(registered, dict) else frozenset())
 
 
 def _ids(raw: Any) -> list[str]:

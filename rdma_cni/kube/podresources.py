@@ -203,6 +203,23 @@ def allocatable(socket: str, timeout: float = DEFAULT_TIMEOUT) -> list[Allocatab
     return _call(socket, timeout, "the allocatable devices", ask)
 
 
+def node_allocations(socket: str, timeout: float = DEFAULT_TIMEOUT) -> (
+    tuple[dict[PodKey, PodAllocation], set[str]]
+):  # fmt: skip
+    """Every pod kubelet knows with all it allocated to it (``List``), and the resources kubelet
+    can allocate on this node (``GetAllocatableResources``): one channel for both, because a CNI
+    plugin that picks a device itself must know both who holds what and whether the resource is
+    kubelet's to hand out at all."""
+
+    def ask(stub: PodResourcesListerStub, pb: Any) -> tuple[dict[PodKey, PodAllocation], set[str]]:
+        pods = stub.List(pb.ListPodResourcesRequest(), timeout=timeout).pod_resources
+        held = {(p.namespace, p.name): PodAllocation(_devices_of(p), _claims_of(p)) for p in pods}
+        served = stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=timeout)
+        return held, {d.resource_name for d in served.devices}
+
+    return _call(socket, timeout, "which pod holds which device", ask)
+
+
 def _devices_of(pod: pb.PodResources) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for container in pod.containers:

@@ -28,6 +28,10 @@ FIXES = {
     "rdma.required": "true or false (JSON booleans, not strings)",
     "rdma.gidIndex": '"host" or a GID table index such as 3',
     "rdma.gidTimeoutMs": "milliseconds as a whole number, e.g. 2000",
+    "resourceName": 'the device plugin\'s resource, e.g. "tke.cloud.tencent.com/tke-shared-rdma"',
+    "kubeletRootDir": "kubelet's --root-dir, an absolute path (default /var/lib/kubelet)",
+    "podResourcesDir": "an absolute directory path holding kubelet.sock, or leave it out",
+    "devicePluginDir": "an absolute directory path (kubelet's checkpoint: /var/lib/kubelet/device-plugins)",
 }
 
 
@@ -63,6 +67,10 @@ def _validate(raw: dict[str, Any]) -> MacvlanConfig:
         raise _bad(exc.key, exc.problem, exc.got) from None
     delegate_config.check_ipam(cfg.ipam)
     delegate_config.check_masters(cfg.masters)
+    for key, path in (("kubeletRootDir", cfg.kubelet_root_dir), ("podResourcesDir", cfg.pod_resources_dir),
+                      ("devicePluginDir", cfg.device_plugin_dir)):  # fmt: skip
+        if path and not path.startswith("/"):
+            raise ConfigKeyError(key, f"config key {key!r} is {path!r}, not an absolute path: {FIXES[key]}")
     if isinstance(cfg.rdma.gid_index, int) and not 0 <= cfg.rdma.gid_index < 65536:
         fix = FIXES["rdma.gidIndex"]
         raise ConfigKeyError("rdma.gidIndex", f"config key 'rdma.gidIndex' is out of range: {fix}")

@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rdma_cni.cni import config_fields as cf
-from rdma_cni.delegate_config import FilesConfig, files_fields
+from rdma_cni.delegate_config import RDMA_RESOURCE, FilesConfig, files_fields
 
 DEFAULT_DATA_DIR = "/var/lib/cni/rdma-macvlan"
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
+# kubelet's device manager keeps its checkpoint here whatever its --root-dir (kube/checkpoint.py)
+DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,16 @@ class MacvlanConfig(FilesConfig):
     pod_if_name: Literal["master", "cni"] = "master"
     ipam: dict[str, Any] | None = None
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
+    # Where kubelet says which pod holds which device, read when no device ID says which bonds to
+    # take (select.py): PodResources under the kubelet root (it follows --root-dir), else the
+    # device checkpoint. ``pod_resources_dir`` "" means ``<kubeletRootDir>/pod-resources``.
+    resource_name: str = RDMA_RESOURCE
+    kubelet_root_dir: str = DEFAULT_KUBELET_ROOT
+    pod_resources_dir: str = ""
+    device_plugin_dir: str = DEFAULT_DEVICE_PLUGIN_DIR
+
+    def pod_resources(self) -> str:
+        return self.pod_resources_dir or f"{self.kubelet_root_dir.rstrip('/')}/pod-resources"
 
 
 FIELDS = (
@@ -62,6 +75,10 @@ FIELDS = (
     cf.field("pod_if_name", cf.one_of("master", "cni"), "master", key="podIfName"),
     cf.field("ipam", cf.optional(cf.mapping), None),
     cf.Field("rdma", "rdma", cf.nested(RdmaConfig, RDMA_FIELDS), RdmaConfig),
+    cf.field("resource_name", cf.string(min_length=1), RDMA_RESOURCE, key="resourceName"),
+    cf.field("kubelet_root_dir", cf.string(min_length=1), DEFAULT_KUBELET_ROOT, key="kubeletRootDir"),
+    cf.field("pod_resources_dir", cf.string(), "", key="podResourcesDir"),
+    cf.field("device_plugin_dir", cf.string(min_length=1), DEFAULT_DEVICE_PLUGIN_DIR, key="devicePluginDir"),
     *files_fields(DEFAULT_DATA_DIR),
 )
 

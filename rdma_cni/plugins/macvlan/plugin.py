@@ -45,7 +45,7 @@ from rdma_cni.plugins.macvlan import rdma as macvlan_rdma
 from rdma_cni.plugins.macvlan import tx
 from rdma_cni.plugins.macvlan.config import parse_config, parse_del_config
 from rdma_cni.plugins.macvlan.model import DEFAULT_DATA_DIR
-from rdma_cni.plugins.macvlan.select import choose_bonds, describe_pins
+from rdma_cni.plugins.macvlan.select import choose_bonds, describe_pins, is_opaque, requested_device_ids
 from rdma_cni.rdma import sysfs
 from rdma_cni.rdma.mode import require_mode
 from rdma_cni.state import (
@@ -58,6 +58,7 @@ from rdma_cni.state import (
 )
 
 if TYPE_CHECKING:
+    from rdma_cni.kube.allocated import DeviceHolders
     from rdma_cni.plugins.macvlan.model import MacvlanConfig
 
 log = logging.getLogger("rdma_cni.macvlan")
@@ -98,9 +99,10 @@ class MacvlanPlugin:
                 # Before the node lock (every other ADD of the node waits for it): the config's
                 # bonds are looked up and checked once, here.
                 known = _configured_masters(host, cfg.masters) if cfg.masters else {}
+                kubelet = _kubelet_view(req, cfg)  # a gRPC question: never under the node lock
                 with state.locked():
                     fp.hit("locked")
-                    rec, ctx = self._write_ahead(req, cfg, state, fp, host, pod, ns, known)
+                    rec, ctx = self._write_ahead(req, cfg, state, fp, host, pod, ns, known, kubelet)
                 return self._transact(req, cfg, state, rec, ctx)
             finally:
                 pod.close()
@@ -108,7 +110,7 @@ class MacvlanPlugin:
 
     def _write_ahead(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, fp: tx.Failpoints, host: Any, pod: Any,
-        ns: Any, known: dict[str, links.Link],
+        ns: Any, known: dict[str, links.Link], kubelet: DeviceHolders | None = None,
     ) -> tuple[AttachmentRecord, tx.AddContext]:
         """Under the node lock: pick and pin the bonds, record how to give them back (write-ahead).
         The rest of the plan (routes, rules, the pod's tables, the link group) is read after the lock
@@ -126,7 +128,7 @@ class MacvlanPlugin:
         self._reclaim_dead(req, cfg, state, host)
         seen: dict[str, tuple[links.Link, list[dict[str, Any]]]] = {}
         ports = sysfs.list_ports(cfg.sysfs_root)  # once: default masters, device IDs and the RDMA plan
-        bonds = self._pick_bonds(req, cfg, state, host, seen, known, ports)
+        bonds = self._pick_bonds(req, cfg, state, host, seen, known, ports, kubelet)
         rec = AttachmentRecord(
             container_id=req.container_id, ifname=req.ifname, netns=req.netns, netns_inode=ns.inode,
             cni_version=req.cni_version, network=req.name, ipam=cfg.ipam,
@@ -200,7 +202,7 @@ class MacvlanPlugin:
     def _pick_bonds(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, host: Any,
         seen: dict[str, tuple[links.Link, list[dict[str, Any]]]], known: dict[str, links.Link],
-        ports: list[sysfs.RdmaPort],
+        ports: list[sysfs.RdmaPort], kubelet: DeviceHolders | None,
     ) -> list[str]:
         """``seen`` collects what was read of each usable bond, so planning need not ask again;
         ``known``: the configured masters, looked up before the lock; ``ports``: the RDMA ports."""
@@ -227,7 +229,7 @@ class MacvlanPlugin:
         def device_of(master: str) -> str | None:
             return macvlan_rdma.device_of(root, master, ports)
 
-        return choose_bonds(req, masters, cfg.count, state.pins(), usable, device_of, root)
+        return choose_bonds(req, masters, cfg.count, state.pins(), usable, device_of, root, kubelet)
 
     def _masters(
         self, cfg: MacvlanConfig | StatusConfig, ports: list[sysfs.RdmaPort] | None = None
@@ -532,6 +534,24 @@ def _note_deadlines(state: NodeState, host: Any, rec: AttachmentRecord, skipped:
                 state.note_deadlines(b.bond, addresses.deadline_notes(host, link.index, b.addresses))
         except Exception as exc:  # noqa: BLE001 - advisory: the next ADD reads the kernel's deadlines
             log.warning("%s: noting its addresses' deadlines failed: %s", b.bond, exc)
+
+
+def _kubelet_view(req: Request, cfg: MacvlanConfig) -> DeviceHolders | None:
+    """What kubelet allocated on this node, asked only when this ADD picks bonds itself (no device
+    ID names them) for a Kubernetes pod: the pick must respect it (:func:`.select.choose_bonds`)."""
+    ids = requested_device_ids(req)
+    name = req.args.get("K8S_POD_NAME", "")
+    if (ids and not any(is_opaque(i) for i in ids)) or not name:
+        return None
+    from rdma_cni.devices.dra_names import DRIVER
+    from rdma_cni.kube import allocated
+
+    pod = allocated.PodRef(req.args.get("K8S_POD_NAMESPACE", ""), name, req.args.get("K8S_POD_UID", ""))
+    got = allocated.pod_view(pod, cfg.resource_name, DRIVER, cfg.pod_resources(), cfg.device_plugin_dir)
+    if got is None:
+        log.info("ADD %s/%s: no kubelet device allocation to respect (no PodResources, no checkpoint)",
+                 req.container_id, req.ifname)
+    return got
 
 
 def _configured_masters(host: Any, masters: list[str]) -> dict[str, links.Link]:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 from rdma_cni.cni.request import Attachment, Request
 from rdma_cni.rdma import sysfs
+
+if TYPE_CHECKING:
+    from rdma_cni.kube.allocated import DeviceHolders
 
 
 def requested_device_ids(req: Request) -> list[str]:
@@ -49,6 +52,13 @@ def aliases(sysfs_root: str, netdev: str, rdma_device: str | None) -> set[str]:
     return names
 
 
+def is_opaque(dev_id: str) -> bool:
+    """A shared device plugin's virtual ID (Mellanox's ``0``…``N-1``, our shared pool's): it says
+    how many bonds, not which. Every other ID names a device, and must name one of this network's
+    bonds."""
+    return dev_id.isdigit()
+
+
 def choose_bonds(
     req: Request,
     masters: Sequence[str],
@@ -57,23 +67,20 @@ def choose_bonds(
     usable: Callable[[str], str],
     rdma_device_of: Callable[[str], str | None],
     sysfs_root: str,
+    kubelet: DeviceHolders | None = None,
 ) -> list[str]:
-    """Bonds for ``req.attachment``. ``usable(bond)`` returns "" or why the bond cannot be used now."""
+    """Bonds for ``req.attachment``. ``usable(bond)`` returns "" or why the bond cannot be used now.
+
+    Bonds named by device IDs are taken as named. The rest (opaque IDs, or ``count`` when no ID
+    came) are chosen here, and ``kubelet`` (what it allocated on this node, when known) bounds the
+    choice: never a bond kubelet gave another pod; with no ID at all, only the pod's own allocation
+    (a meta plugin ran out of device IDs for it: upstream Multus passes none to references of a
+    network beyond the pod's allocation), and nothing for a pod that holds none of a resource
+    kubelet hands out here."""
     me = req.attachment
     ids = requested_device_ids(req)
-    wanted: list[str] = []
-    opaque = 0
-    if ids:
-        alias_map = {m: aliases(sysfs_root, m, rdma_device_of(m)) for m in masters}
-        for dev_id in ids:
-            match = [m for m, names in alias_map.items() if dev_id in names]
-            if match:
-                wanted.append(match[0])
-            else:
-                opaque += 1
-        wanted = list(dict.fromkeys(wanted))
-    else:
-        opaque = count
+    alias_map = {m: aliases(sysfs_root, m, rdma_device_of(m)) for m in masters} if ids or kubelet else {}
+    wanted, opaque = _named_bonds(ids, alias_map) if ids else ([], count)
     _check_enough(masters, len(wanted) + opaque, "count" if not ids else "")
     for bond in wanted:
         holder = pins.get(bond)
@@ -82,12 +89,16 @@ def choose_bonds(
         why = usable(bond)
         if why:
             raise CniError(TRY_AGAIN_LATER, f"{bond} cannot be given out now: {why}")
+    candidates: list[str] = list(masters)
+    taken: dict[str, str] = {}
+    if kubelet is not None and opaque:
+        candidates, taken = _kubelet_bounds(req, masters, alias_map, kubelet, pins, count, bool(ids))
     free: list[str] = []
     unusable: list[str] = []
-    for m in masters:  # each usable() asks the kernel: stop as soon as there are enough
+    for m in candidates:  # each usable() asks the kernel: stop as soon as there are enough
         if len(free) == opaque:
             break
-        if m in wanted or pins.get(m) not in (None, me):
+        if m in wanted or m in taken or pins.get(m) not in (None, me):
             continue
         why = usable(m)
         if why:
@@ -98,9 +109,71 @@ def choose_bonds(
         raise CniError(
             TRY_AGAIN_LATER,
             f"no free bond: need {opaque}, free {free or 'none'} of masters {list(masters)}; "
-            + describe_pins(pins) + (f"; not usable now: {'; '.join(unusable)}" if unusable else ""),
+            + describe_pins(pins)
+            + "".join(f"; {b} is allocated by kubelet to {who}" for b, who in sorted(taken.items()))
+            + (f"; not usable now: {'; '.join(unusable)}" if unusable else ""),
         )
     return wanted + free
+
+
+def _named_bonds(ids: Sequence[str], alias_map: Mapping[str, set[str]]) -> tuple[list[str], int]:
+    """The bonds the IDs name, and how many IDs are opaque. An ID that names a device but no bond of
+    this network is a config error (7): giving some other bond would steal it from its pod."""
+    wanted: list[str] = []
+    opaque = 0
+    for dev_id in ids:
+        match = [m for m, names in alias_map.items() if dev_id in names]
+        if match:
+            wanted.append(match[0])
+        elif is_opaque(dev_id):
+            opaque += 1
+        else:
+            known = "; ".join(f"{m}: {', '.join(sorted(n - {m}))}" for m, n in alias_map.items())
+            raise CniError(
+                INVALID_CONFIG,
+                f"device ID {dev_id!r} names no bond of this network on this node "
+                f"(its bonds and their IDs: {known or 'none'}): the device plugin's resource and this "
+                "network disagree; check the NetworkAttachmentDefinition's resourceName and 'masters'",
+            )
+    return list(dict.fromkeys(wanted)), opaque
+
+
+def _kubelet_bounds(
+    req: Request, masters: Sequence[str], alias_map: Mapping[str, set[str]], kubelet: DeviceHolders,
+    pins: Mapping[str, Attachment], count: int, any_ids: bool,
+) -> tuple[list[str], dict[str, str]]:
+    """The bonds the choice may take, and the bonds kubelet gave other pods (never to be taken)."""
+    bond_of = {name: m for m, names in alias_map.items() for name in names}
+    taken = {bond_of[d]: who for d, who in kubelet.others.items() if d in bond_of}
+    if any_ids:  # opaque IDs of another resource: any bond but another pod's
+        return list(masters), taken
+    who = _pod(req)
+    mine = list(dict.fromkeys(bond_of[d] for d in kubelet.mine if d in bond_of))
+    if mine:
+        left = [b for b in mine if pins.get(b) in (None, req.attachment)]
+        if len(left) < count:
+            held = ", ".join(f"{b} by {_who(pins[b])}" for b in mine if b not in left)
+            raise CniError(
+                INVALID_CONFIG,
+                f"{who} was allocated {len(mine)} {kubelet.resource} device(s) ({', '.join(mine)}) and "
+                f"{held} already attached; attachment {req.ifname} would need {count} more: reference "
+                f"the network at most as many times as the pod asks for {kubelet.resource}, or ask for "
+                f"more (read from {kubelet.source})",
+            )
+        return left, taken
+    if kubelet.served:
+        raise CniError(
+            INVALID_CONFIG,
+            f"{who} holds no {kubelet.resource} device, and kubelet hands them out on this node: a bond "
+            f"taken without one could be another pod's; request {kubelet.resource} in the pod's spec "
+            f"(read from {kubelet.source})",
+        )
+    return list(masters), taken
+
+
+def _pod(req: Request) -> str:
+    ns, name = req.args.get("K8S_POD_NAMESPACE", ""), req.args.get("K8S_POD_NAME", "")
+    return f"pod {ns}/{name}" if name else f"container {req.container_id}"
 
 
 def _check_enough(masters: Sequence[str], need: int, key: str) -> None:
