@@ -35,7 +35,8 @@ def test_the_plugin_writes_one_file_per_bond_and_removes_only_its_own_stale_ones
         want = {f"{PREFIX}mlx5_bond_{i}-device.json" for i in range(2)}
         wait_for(lambda: want <= set(os.listdir(d.device_info_dir)), 10, "both bonds' device-info files")
         wait_for(lambda: not os.path.exists(stale), 5, "the stale file removed")
-        assert set(os.listdir(d.device_info_dir)) == want | {os.path.basename(other)}
+        own = ".rdma-device-plugin.json"
+        assert set(os.listdir(d.device_info_dir)) == want | {os.path.basename(other), own}
         for i in range(2):
             with open(os.path.join(d.device_info_dir, f"{PREFIX}mlx5_bond_{i}-device.json")) as f:
                 doc = json.load(f)

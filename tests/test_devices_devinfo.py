@@ -86,8 +86,8 @@ def test_sync_writes_what_differs_removes_our_stale_files_and_leaves_other_plugi
     wrong.write_text('{"type":"vdpa"}')
     files = DeviceInfoDir(str(d), [RESOURCE])
     assert files.sync({RESOURCE: snap(bond(0), bond(1))}) == (2, 1)
-    assert sorted(os.listdir(d)) == sorted([other.name, wrong.name,
-                                            "tke.cloud.tencent.com-tke-shared-rdma-mlx5_bond_1-device.json"])
+    assert sorted(n for n in os.listdir(d) if not n.startswith(".")) == sorted(
+        [other.name, wrong.name, "tke.cloud.tencent.com-tke-shared-rdma-mlx5_bond_1-device.json"])
     assert json.loads(wrong.read_text())["pci"]["rdma-device"] == "mlx5_bond_0"
     assert oct(wrong.stat().st_mode & 0o777) == oct(0o644)
     assert other.read_text() == '{"type":"pci"}'
@@ -96,6 +96,21 @@ def test_sync_writes_what_differs_removes_our_stale_files_and_leaves_other_plugi
     assert wrong.stat().st_ino == before
     assert files.sync({RESOURCE: snap(bond(1))}) == (0, 1)  # a device no longer served: its file goes
     assert not wrong.exists()
+
+
+def test_a_pool_dropped_from_the_config_loses_its_files_at_the_next_start(tmp_path: Path) -> None:
+    """The new run serves other resources, so only the list the earlier run left says the old files
+    were ours; another plugin's file of the same shape stays."""
+    d = tmp_path / "dp"
+    DeviceInfoDir(str(d), [RESOURCE]).sync({RESOURCE: snap(bond(0), bond(1))})
+    other = d / "example.com-nic-mlx5_9-device.json"
+    other.write_text("{}")
+    one = SharedSnapshot(2, (hca("mlx5_4", None),), (DeviceHealth("mlx5_4", True, ""),))
+    assert DeviceInfoDir(str(d), ["rdma/ib"]).sync({"rdma/ib": one}) == (2, 2)
+    assert sorted(n for n in os.listdir(d) if not n.startswith(".")) == [
+        other.name, "rdma-ib-0-device.json", "rdma-ib-1-device.json"]
+    assert json.loads((d / ".rdma-device-plugin.json").read_text()) == [
+        "rdma-ib-0-device.json", "rdma-ib-1-device.json"]
 
 
 def test_a_directory_that_cannot_be_written_is_logged_once_and_the_next_sync_mends_it(

@@ -5,7 +5,10 @@ What the files hold and which devices get one is the device model's
 (:mod:`rdma_cni.devices.devinfo`); this module writes them. Every change the health watch publishes
 syncs the whole directory for all pools at once: a file is rewritten only when its content differs
 (atomically: Multus may copy it at any moment), and a file of ours that no pool wants any more (a
-bond gone, a pool shrunk) is removed. Files of other device plugins are never touched. They stay
+bond gone, a pool shrunk, a pool dropped from the config) is removed. Ours are the files of the
+pools served now (:func:`rdma_cni.devices.devinfo.is_ours`) and those an earlier run listed in
+:data:`OWN_LIST` (``.rdma-device-plugin.json`` beside them), which is how a dropped pool's files are
+known after a restart. Files of other device plugins are never touched. They stay
 when the plugin stops: pods keep running and a restarted plugin rewrites the same content, while
 removing them would leave an ADD in between without ``device-info``.
 
@@ -29,6 +32,7 @@ from rdma_cni.devices.pools import PoolSnapshot
 
 log = logging.getLogger(__name__)
 
+OWN_LIST = ".rdma-device-plugin.json"  # the names this plugin wrote; Multus reads only *-device.json
 FILE_MODE = 0o644  # Multus (root) reads them; they hold nothing secret
 DIR_MODE = 0o755
 
@@ -45,8 +49,13 @@ class DeviceInfoDir:
         """Make the directory hold exactly the files ``pools`` want among ours; (written, removed)."""
         wanted = devinfo.wanted_files(pools)
         written = removed = 0
+        own = os.path.join(self.directory, OWN_LIST)
         try:
             os.makedirs(self.directory, mode=DIR_MODE, exist_ok=True)
+            listed = _listed(own)
+            if listed != sorted(wanted):  # listed first: a crash between leaves no file unowned
+                durable.atomic_write_json(own, sorted(set(listed) | set(wanted)), mode=FILE_MODE,
+                                          dir_mode=DIR_MODE, sync=False)
             for name, doc in wanted.items():
                 data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
                 path = os.path.join(self.directory, name)
@@ -55,12 +64,17 @@ class DeviceInfoDir:
                     durable.atomic_write(path, data, mode=FILE_MODE, dir_mode=DIR_MODE, sync=False)
                     written += 1
             for name in os.listdir(self.directory):
-                if name not in wanted and devinfo.is_ours(name, self._resources):
-                    try:
-                        os.unlink(os.path.join(self.directory, name))
-                        removed += 1
-                    except FileNotFoundError:
-                        pass
+                if name in wanted or not (name in listed or devinfo.is_ours(name, self._resources)):
+                    continue
+                if not name.endswith(devinfo.SUFFIX):
+                    continue
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+            if listed != sorted(wanted):
+                durable.atomic_write_json(own, sorted(wanted), mode=FILE_MODE, dir_mode=DIR_MODE, sync=False)
         except OSError as e:
             cause = f"{type(e).__name__}:{e.errno}"
             if cause != self._failed:
@@ -75,6 +89,16 @@ class DeviceInfoDir:
             log.info("device-info files in %s: %d written, %d removed (%d held)", self.directory,
                      written, removed, len(wanted))
         return written, removed
+
+
+def _listed(path: str) -> list[str]:
+    """The names an earlier sync wrote; [] when the list is absent or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return []
+    return sorted(n for n in doc if isinstance(n, str) and "/" not in n) if isinstance(doc, list) else []
 
 
 def _read(path: str) -> bytes | None:
