@@ -201,3 +201,28 @@ def test_one_template_per_kind_of_object() -> None:
                 kinds.setdefault(kind.group(1), set()).add(source.group(1))
     assert all(len(files) == 1 for files in kinds.values()), kinds
     assert len({f for files in kinds.values() for f in files}) == len(kinds)
+
+
+def test_the_dra_variant_refuses_its_uninstall_through_a_pre_delete_check_of_held_claims() -> None:
+    from rdma_cni.cli.tool import LAZY_COMMANDS
+
+    rendered = docs(chart.template("--set", "frontEnd=dra"))
+    hooks = [d for d in rendered if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    assert {(d["kind"], d["metadata"]["name"]) for d in hooks} == {
+        (kind, "rdma-cni-uninstall-check")
+        for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job")
+    }
+    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete" for d in hooks)
+    (job,) = [d for d in hooks if d["kind"] == "Job"]
+    (role,) = [d for d in hooks if d["kind"] == "ClusterRole"]
+    weights = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks}
+    assert weights["Job"] > max(w for k, w in weights.items() if k != "Job"), "its rights exist first"
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]}
+    ]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "rdma-cni-uninstall-check" and job["spec"]["backoffLimit"] == 0
+    (c,) = pod["containers"]
+    assert c["command"][0] == "/opt/rdma-cni/bundle/cni-tool" and c["command"][1] in LAZY_COMMANDS
+    assert "held-claims" not in chart.template("--set", "frontEnd=dra", hooks=False)
+    assert "held-claims" not in chart.template()  # the device plugin leaves no pod unable to end

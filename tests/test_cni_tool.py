@@ -415,6 +415,7 @@ def test_lazy_commands_registry_and_missing_module(env: Env) -> None:
         "gids": "rdma_cni.cli.tool_gids:gids",
         "doctor": "rdma_cni.cli.tool_doctor:doctor",
         "state": "rdma_cni.cli.tool_state:state",
+        "held-claims": "rdma_cni.cli.tool_held_claims:held_claims",
     }
     group = LazyGroup(name="t", lazy={"ghost": "rdma_cni.cli.h1_no_such_module:cmd"})
     res = CliRunner().invoke(group, ["ghost", "--anything", "x"])

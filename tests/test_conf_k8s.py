@@ -37,6 +37,7 @@ API_GROUPS = {
     "DaemonSet": "apps/v1",
     "StatefulSet": "apps/v1",
     "Deployment": "apps/v1",
+    "Job": "batch/v1",
     "ClusterRole": "rbac.authorization.k8s.io/v1",
     "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
     "DeviceClass": "resource.k8s.io/v1",

@@ -45,6 +45,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "gids": "rdma_cni.cli.tool_gids:gids",
     "doctor": "rdma_cni.cli.tool_doctor:doctor",
     "state": "rdma_cni.cli.tool_state:state",
+    "held-claims": "rdma_cni.cli.tool_held_claims:held_claims",
 }
 
 

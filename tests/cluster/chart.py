@@ -70,9 +70,12 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     )
 
 
-def template(*sets: str) -> str:
-    """``helm template`` of the chart in kube-system with extra flags (``--set k=v``...)."""
-    proc = run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *sets)
+def template(*sets: str, hooks: bool = True) -> str:
+    """``helm template`` of the chart in kube-system with extra flags (``--set k=v``...); without
+    ``hooks``, what ``kubectl apply`` users get (the DRA variant's pre-delete check is Helm's alone)."""
+    proc = run(
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *sets, *([] if hooks else ["--no-hooks"])
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"helm template {' '.join(sets)}: {proc.stderr.strip()}")
     return proc.stdout
@@ -97,11 +100,11 @@ def manifests() -> dict[Path, str]:
     """Every conf/k8s file the chart renders -> its text."""
     out = {
         K8S / "rdma-cni.yaml": _join(
-            _documents(template()), HEADER.format(sets="", apply="conf/k8s/rdma-cni.yaml")
+            _documents(template(hooks=False)), HEADER.format(sets="", apply="conf/k8s/rdma-cni.yaml")
         )
     }
     header = HEADER.format(sets=" --set frontEnd=dra", apply="conf/k8s/dra/")
-    rest = _documents(template("--set", "frontEnd=dra"))
+    rest = _documents(template("--set", "frontEnd=dra", hooks=False))
     for name, wanted in DRA_SPLIT.items():
         mine = [d for d in rest if any(_matches(d, kind, n) for kind, n in wanted)]
         rest = [d for d in rest if d not in mine]

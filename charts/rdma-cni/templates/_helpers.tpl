@@ -71,3 +71,11 @@ stopped that node's old pod). The pods are read with the installing user's right
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The DRA variant's pre-delete check (job.yaml) and its own rights: hooks, created before the
+uninstall deletes anything and removed once it has run. */}}
+{{- define "rdma-cni.uninstallCheckHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: "-10"
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded,hook-failed
+{{- end }}
