@@ -28,7 +28,7 @@ from cluster.images import Image
 from cluster.node import RUN, WORK, Node
 from cluster.procs import Proc, StartError
 from cluster.registry import RegistryBins
-from cluster.versions import CACHE_ROOT
+from cluster.versions import CACHE_ROOT, MULTUS, MULTUS_BUILD
 
 log = logging.getLogger("cluster")
 STATE = RUN / "state.json"
@@ -165,7 +165,8 @@ def prepare() -> tuple[Binaries, list[Image], RegistryBins]:
     """Everything ``up`` needs that is built once and cached: the Go builds, the images (the product's
     from this checkout, so a changed checkout builds a new one), the registry."""
     bins = build.build_all()
-    imgs = images.build_images(REPO, CACHE_ROOT, PRODUCT_TAGS)
+    multus = (MULTUS_BUILD.bin_dir, MULTUS)
+    imgs = images.build_images(REPO, CACHE_ROOT, PRODUCT_TAGS, multus)
     return bins, imgs, registry.build_registry(CACHE_ROOT)
 
 
@@ -234,7 +235,10 @@ def _up(st: State, bins: Binaries, n_nodes: int, reg: RegistryBins, imgs: Sequen
     for nd in nodes:
         st.procs.append(nodemod.start_containerd(nd, bins, topo.REGISTRY, logs / nd.name))
         st.save()
-        nodemod.import_images(nd, bins, [i.archive for i in imgs if "debian" not in i.ref])
+        # Multus's image (~150 MB) only in the registry: pulled by the tests that install Multus,
+        # not imported into every node of every cluster
+        kept = [i.archive for i in imgs if "debian" not in i.ref and i.repository != images.MULTUS_REPO]
+        nodemod.import_images(nd, bins, kept)
         st.procs.append(nodemod.start_kube_proxy(nd, bins, pki, logs / nd.name))
         st.procs.append(nodemod.start_kubelet(nd, bins, pki, logs / nd.name))
         st.save()

@@ -73,6 +73,11 @@ BASE_REF = "docker.io/library/debian:bookworm-slim"
 PRODUCT_REPO = "docker.io/library/rdma-cni"
 TEST_REF = "docker.io/library/rdma-cni-test:0.1"
 PAUSE_REF = "registry.k8s.io/pause:3.10.1"
+MULTUS_REPO = "docker.io/library/multus-cni"
+# Where upstream's images put Multus: images/Dockerfile.thick (the daemon's command and the
+# installer's binaries) and images/Dockerfile (the thin DaemonSet's /install_multus, /thin_entrypoint).
+MULTUS_BIN = "/usr/src/multus-cni/bin"
+MULTUS_AT_ROOT = ("install_multus", "thin_entrypoint")
 VERSION_LABEL = "org.opencontainers.image.version"
 
 # What the official bookworm-slim leaves out (debuerreotype's slimification), as dpkg path filters.
@@ -415,6 +420,34 @@ def build_test_image(b: Buildah, cache_root: Path, base: _Slot) -> Image:
     return _store(b, slot, image_id, time.monotonic() - t0, inputs)
 
 
+def build_multus(b: Buildah, cache_root: Path, base: _Slot, bin_dir: Path, version: str) -> Image:
+    """Upstream Multus's image, ``multus-cni:<version>``: the cached Go build's binaries laid out as
+    its own Dockerfiles lay them (:data:`MULTUS_BIN`, and :data:`MULTUS_AT_ROOT` at ``/`` too), on
+    the Debian base (upstream's thick image is debian:stable-slim), so both of its DaemonSets
+    (deployments/multus-daemonset.yml and -thick.yml) run it with only the image name changed."""
+    names = sorted(p.name for p in bin_dir.iterdir() if p.is_file())
+    inputs: dict[str, object] = {
+        "schema": SCHEMA,
+        "base": base.dir.name,
+        "binaries": {n: _digest((bin_dir / n).read_bytes()) for n in names},
+    }
+    ref = f"{MULTUS_REPO}:{version}"
+    slot = _slot(cache_root, ref, _digest(json.dumps(inputs, sort_keys=True)))
+    if slot.cached():
+        log.info("%s: cached in %s", ref, slot.dir)
+        return slot.image()
+    _ensure_in_storage(b, base)
+    t0 = time.monotonic()
+    with b.container(BASE_REF, ref) as ctr:
+        for n in names:
+            b("copy", "--chmod", "0755", ctr, str(bin_dir / n), f"{MULTUS_BIN}/{n}", what=f"{ref}: copy {n}")
+            if n in MULTUS_AT_ROOT:
+                b("copy", "--chmod", "0755", ctr, str(bin_dir / n), f"/{n}", what=f"{ref}: copy /{n}")
+        b("config", "--entrypoint", f'["{MULTUS_BIN}/multus-daemon"]', ctr, what=f"{ref}: config")
+        image_id = b("commit", "--quiet", ctr, ref, what=f"{ref}: commit")
+    return _store(b, slot, image_id, time.monotonic() - t0, inputs)
+
+
 def pause_source(kubernetes: str = KUBERNETES) -> Path:
     """build/pause/linux/pause.c of k8s.io/kubernetes@``kubernetes``, from the Go module cache
     (``go mod download`` fetches the module by path and version when it is not there yet)."""
@@ -479,10 +512,14 @@ def _check_tools() -> None:
 
 
 def build_images(
-    repo: Path, cache_root: Path = DEFAULT_CACHE_ROOT, tags: Sequence[str] = ("0.1.0",)
+    repo: Path,
+    cache_root: Path = DEFAULT_CACHE_ROOT,
+    tags: Sequence[str] = ("0.1.0",),
+    multus: tuple[Path, str] | None = None,
 ) -> list[Image]:
     """Every image the cluster pulls: the base, ``rdma-cni:<tag>`` for each of ``tags`` (from one
-    bundle), the test image and pause, in that order; built only when not cached (module docstring)."""
+    bundle), the test image and pause, in that order, then upstream Multus's when ``multus`` gives
+    its build's bin dir and version; built only when not cached (module docstring)."""
     if not tags:
         raise ValueError("build_images: no rdma-cni tag")
     _check_tools()
@@ -495,6 +532,8 @@ def build_images(
         test = build_test_image(b, cache_root, base)
         pause = build_pause(b, cache_root)
         images = [base.image(), *product, test, pause]
+        if multus is not None:
+            images.append(build_multus(b, cache_root, base, *multus))
         for n, img in enumerate(images):
             if img.oci_layout is None:  # cached by a version that saved only the archive
                 _oci_layout(img.archive, img.archive.parent / "oci")
@@ -502,7 +541,7 @@ def build_images(
         if b.dirty:
             b.rmi("--prune")  # e.g. the previous base, untagged by a new one
         _prune(cache_root, images)
-    log.info("%d images ready in %.1f s", 2 + len(product) + 1, time.monotonic() - t0)
+    log.info("%d images ready in %.1f s", len(images), time.monotonic() - t0)
     return images
 
 

@@ -131,9 +131,13 @@ MULTUS_BUILD = GoBuild(
     HERE / "gomod-multus",
     tuple(
         f"{MULTUS_MODULE}/cmd/{c}"
-        for c in ("multus", "multus-daemon", "multus-shim", "install_multus", "thin_entrypoint")
+        for c in (
+            "multus", "multus-daemon", "multus-shim", "install_multus", "thin_entrypoint", "passthru-cni"
+        )
     ),
     # hack/build-go.sh's stamps: `multus --version` says the release, not master@git
     f"-s -w -X {MULTUS_MODULE}/pkg/multus.version={MULTUS} -X {MULTUS_MODULE}/pkg/multus.gitTreeState=clean",
+    # install_multus copies bin/passthru beside the plugin, and fails without it
+    rename=(("passthru-cni", "passthru"),),
 )
 BUILDS = (KUBE, ETCD_BUILD, CONTAINERD_BUILD, HELM_BUILD, MULTUS_BUILD)
