@@ -37,8 +37,16 @@ def refused(*sets: str) -> str:
     return proc.stderr
 
 
-def test_lint_strict_passes() -> None:
-    proc = chart.run("lint", "--strict", str(chart.CHART))
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["--set", "frontEnd=dra"],
+        ["--set", "rdmaMode=shared", "--set", "metrics.serviceMonitor.enabled=true"],
+    ],
+)
+def test_lint_strict_passes(sets: list[str]) -> None:
+    proc = chart.run("lint", "--strict", str(chart.CHART), *sets)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 chart(s) failed" in proc.stdout
 

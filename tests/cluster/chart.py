@@ -10,13 +10,16 @@ Helm is the test cluster's (``scripts/cluster build`` builds it from helm.sh/hel
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from cluster import topology
 from cluster.build import BuildError
+from cluster.node import WORK
 from cluster.versions import HELM_BUILD
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +71,41 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [helm(), *args], capture_output=True, text=True, timeout=timeout, check=False, env=env
     )
+
+
+def on_cluster(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """helm ARGS against the test cluster, as its admin, from node 1's netns (where the API server
+    listens), as :func:`cluster.cluster.kubectl` runs kubectl. ``check``: raise on a non-zero exit."""
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        topology.node_netns(1),
+        helm(),
+        f"--kubeconfig={WORK / 'pki' / 'admin.kubeconfig'}",
+    ]
+    env = dict(
+        os.environ, HELM_CACHE_HOME="/tmp/rdma-cni-helm/cache", HELM_CONFIG_HOME="/tmp/rdma-cni-helm/config"
+    )
+    proc = subprocess.run(
+        [*argv, *args], capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)}: {proc.stderr.strip()[-2000:]}")
+    return proc
+
+
+def release_args(verb: str, *sets: str) -> list[str]:
+    """``helm install|upgrade rdma-cni charts/rdma-cni -n kube-system SETS``."""
+    return [verb, RELEASE, str(CHART), "--namespace", NAMESPACE, *sets]
+
+
+def history() -> list[dict[str, object]]:
+    """The release's revisions (``helm history -o json``): revision, status, description."""
+    out: list[dict[str, object]] = json.loads(
+        on_cluster("history", RELEASE, "-n", NAMESPACE, "-o", "json").stdout
+    )
+    return out
 
 
 def template(*sets: str, hooks: bool = True) -> str:
