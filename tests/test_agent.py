@@ -10,6 +10,7 @@ ran, which proves the worker takes the caller's namespaces and environment; the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -383,6 +384,22 @@ def test_worker_killed_mid_add_answers_try_again_later(agent: RunningAgent, tmp_
     assert err["code"] == 11 and err["cniVersion"] == "1.0.0"
     assert "DEL" in err["msg"]
     assert not done.exists()
+
+
+def test_agent_and_workers_killed_mid_add_the_add_runs_in_process(
+    agent: RunningAgent, tmp_path: Path
+) -> None:
+    """The container's death (the agent is its first process): the call is run again in-process
+    (forward answers None), since no worker is left that could still be running it."""
+    started = tmp_path / "started.json"
+    stdin = probe_conf("1.0.0", sleep=5, startedFile=str(started))
+    thread, box = forward_in_thread(agent.sock, cni_env("ADD"), stdin)
+    worker = int(str(read_json(started)["pid"]))
+    for pid in (agent.pid, worker, *children_of(agent.pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    thread.join(30)
+    assert box == [None]
 
 
 @pytest.mark.parametrize("command", ["DEL", "CHECK", "GC", "STATUS"])

@@ -6,6 +6,7 @@ the fallback to the bundle program by the client's own name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -116,6 +117,30 @@ def test_c_client_worker_killed_mid_add_answers_try_again_later(
     assert proc.wait(timeout=30) == 1
     err = json.loads(out)
     assert (err["code"], err["cniVersion"]) == (11, "0.4.0")
+
+
+def test_c_client_agent_and_workers_killed_mid_add_runs_the_add_in_process(
+    agent: RunningAgent, c_client: Path, tmp_path: Path
+) -> None:
+    started = tmp_path / "started.json"
+    env = dict(
+        cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=agent.sock, RDMA_CNI_FALLBACK=str(c_client / "fallback.sh")
+    )
+    stdin = probe_conf("0.4.0", sleep=5, startedFile=str(started))
+    proc = subprocess.Popen([str(c_client / "probe")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    worker = int(str(read_json(started)["pid"]))
+    for pid in (agent.pid, worker):  # the runtime kills the container's processes together
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    assert proc.wait(timeout=30) == 42, out + err
+    assert out.decode() == f"fallback agent=off argv0={c_client / 'fallback.sh'} stdin=" + stdin.decode()
+    assert b"died during ADD, its workers with it" in err
 
 
 def test_c_client_in_a_bundle_falls_back_to_the_bundle_program_by_its_own_name(tmp_path: Path) -> None:

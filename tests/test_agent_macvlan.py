@@ -8,6 +8,7 @@ the Python entry point forwards to the agent, through it too. Veth ends stand in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -246,6 +247,50 @@ def test_agent_killed_mid_add_the_call_completes_and_del_restores(
     dele = cold(n, "DEL", conf, pod)
     assert dele.code == 0
     assert n.snapshot() == before
+
+
+def test_agent_dying_with_its_workers_mid_add_the_add_runs_again_in_process(
+    n: Node, agent: Agent, c_client: Path
+) -> None:
+    """In a DaemonSet the agent is its container's first process: a kill -9 of it takes every worker
+    with it. The ADD a worker was running is then run again in-process at once (undoing what the
+    dead worker recorded first), instead of failing with 11 and waiting for kubelet's retry (17 s on
+    the test cluster under upstream Multus)."""
+    import fcntl
+
+    before = n.snapshot()
+    pod = n.pod()
+    conf = n.config(masters=["bond0"])
+    os.makedirs(n.data_dir, mode=0o700, exist_ok=True)
+    lock = os.open(os.path.join(n.data_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # holds the worker at the plugin's node lock, mid-call
+    try:
+        fallback = str(c_client / "cold-rdma-macvlan")
+        extra = {"RDMA_CNI_AGENT_SOCKET": agent.sock, "RDMA_CNI_FALLBACK": fallback}
+        env = n.env("ADD", pod, "c1", "net1", extra)
+        proc = start_client(n, c_client, env, conf)
+        inode = os.fstat(lock).st_ino
+        assert wait_for(lambda: _waits_for_lock(inode), 60), "no worker reached the node lock"
+        for pid in [agent.proc.pid, *worker_pids(agent)]:  # what the runtime does when PID 1 dies
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        agent.proc.wait()
+    finally:
+        os.close(lock)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert b"died during ADD, its workers with it: running the call in-process" in err
+    assert "198.51.100.2/28" in out.decode()
+    assert n.ping(pod, "198.51.100.1", "bond0")
+    assert cold(n, "DEL", conf, pod).code == 0
+    assert n.snapshot() == before and n.state_files() == []
+
+
+def _waits_for_lock(inode: int) -> bool:
+    """Someone is blocked on the lock file (``/proc/locks`` shows a waiter as ``->``): the worker
+    has its GO and is inside the plugin's ADD."""
+    with open("/proc/locks") as f:
+        return any("->" in line and line.split()[6].endswith(f":{inode}") for line in f)
 
 
 @pytest.mark.parametrize(

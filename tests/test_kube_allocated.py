@@ -29,7 +29,8 @@ def test_pod_resources_name_this_pods_devices_and_every_other_holder(tmp_path: P
     with PodResourcesServer(f"{pr}/kubelet.sock") as kubelet:
         kubelet.set_pod("default", "ibv-app-0", {"trainer": {RESOURCE: ["mlx5_bond_3", "mlx5_bond_2"]}})
         kubelet.set_pod("team", "other", {"a": {RESOURCE: ["mlx5_bond_0"], "nvidia.com/gpu": ["GPU-1"]}})
-        kubelet.set_pod("team", "dra", {"b": {}}, {"b": [claim("team", "c1", device(DRIVER, "node-1", "bond5"))]})
+        dra = [claim("team", "c1", device(DRIVER, "node-1", "bond5"))]
+        kubelet.set_pod("team", "dra", {"b": {}}, {"b": dra})
         kubelet.set_allocatable(RESOURCE, {f"mlx5_bond_{i}": 0 for i in range(8)})
         got = pod_view(ME, RESOURCE, DRIVER, pr, dp)
         assert kubelet.calls == ["List", "GetAllocatableResources"]
@@ -48,9 +49,10 @@ def test_a_resource_kubelet_does_not_serve_and_nobody_holds_is_not_served(tmp_pa
 
 
 def checkpoint(dp: str, entries: list[tuple[str, list[str]]], registered: tuple[str, ...] = ()) -> None:
-    doc = {"Data": {"PodDeviceEntries": [
-        {"PodUID": uid, "ContainerName": "c", "ResourceName": RESOURCE, "DeviceIDs": {"0": ids}, "AllocResp": ""}
-        for uid, ids in entries], "RegisteredDevices": {r: [] for r in registered}}, "Checksum": 1}  # fmt: skip
+    rows = [{"PodUID": uid, "ContainerName": "c", "ResourceName": RESOURCE, "DeviceIDs": {"0": ids},
+             "AllocResp": ""} for uid, ids in entries]  # fmt: skip
+    data = {"PodDeviceEntries": rows, "RegisteredDevices": {r: [] for r in registered}}
+    doc = {"Data": data, "Checksum": 1}
     Path(dp, "kubelet_internal_checkpoint").write_text(json.dumps(doc))
 
 

@@ -59,7 +59,8 @@ def nad(n: Node, root: str, device_id: str = "") -> dict[str, Any]:
 def pod_of(n: Node, name: str) -> tuple[Pod, dict[str, str]]:
     pod = n.pod()
     wait_watched(f"/run/netns/{n.name}", pod.path)
-    return pod, {"CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID=u-{name}"}
+    args = f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_UID=u-{name}"
+    return pod, {"CNI_ARGS": args}
 
 
 def host_v4(n: Node) -> dict[str, str]:
@@ -93,7 +94,8 @@ def test_a_reference_beyond_the_allocation_is_refused_and_never_takes_another_po
     assert r.code == 0, r.out
     assert [i["name"] for i in r.out["interfaces"] if i.get("sandbox")] == ["bond0"]
 
-    for pod, cid, ifnames, args in ((a, "ca", ("net3", "net2", "net1"), args_a), (b, "cb", ("net1",), args_b)):
+    deletes = ((a, "ca", ("net3", "net2", "net1"), args_a), (b, "cb", ("net1",), args_b))
+    for pod, cid, ifnames, args in deletes:
         for ifname in ifnames:  # Multus deletes in reverse, the refused one included
             r = n.plugin("DEL", nad(n, root), pod, cid, ifname, extra=args)
             assert r.code == 0, r.out

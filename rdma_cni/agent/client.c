@@ -4,7 +4,9 @@
  * in rdma_cni/agent/client.py (frames "RCN1" count size, items u32-BE length + bytes; SCM_RIGHTS with
  * the caller's /proc/self/ns/{net,mnt}; READY 'R' / REFUSE 'N' / GO 'G'), and when the agent is
  * absent, refuses, or breaks before GO, it execs the in-process implementation with the same stdin
- * and environment (plus RDMA_CNI_AGENT=off so that one does not try the agent again).
+ * and environment (plus RDMA_CNI_AGENT=off so that one does not try the agent again). After GO it
+ * does so for an ADD only when the agent itself died (SO_PEERCRED names it; in a DaemonSet its death
+ * takes every worker with it): client.py's docstring says why.
  *
  * Environment: RDMA_CNI_AGENT_SOCKET (default below), RDMA_CNI_AGENT=off (never ask the agent),
  * RDMA_CNI_AGENT_TIMEOUT (seconds to connect and get READY, default 3; as the Python client).
@@ -82,7 +84,7 @@ static int read_all(int fd, struct buf *b) {
 static int recv_exact(int fd, unsigned char *p, size_t n) {
     while (n) {
         ssize_t r = recv(fd, p, n, 0);
-        if (r == 0) return -1;
+        if (r == 0) { errno = EPIPE; return -1; }  /* the peer is gone: not a timeout */
         if (r < 0) { if (errno == EINTR) continue; return -1; }
         p += r; n -= (size_t)r;
     }
@@ -248,6 +250,40 @@ static int open_call(const char *path, const struct buf *frame, long ready_ms) {
     return fd;
 }
 
+/* The pid of the process listening on the socket (the agent), or 0 when the kernel does not say. */
+static pid_t agent_pid(int fd) {
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) ? 0 : cred.pid;
+}
+
+/* 0 only when pid has surely exited: no such process, or a zombie not yet reaped. */
+static int alive(pid_t pid) {
+    if (pid <= 0) return 1;
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno != ENOENT;
+    ssize_t n = read(fd, stat, sizeof stat - 1);
+    close(fd);
+    if (n <= 0) return 1;
+    stat[n] = 0;
+    char *paren = strrchr(stat, ')');
+    return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* The agent is gone, or goes within AGENT_DEATH_WAIT_MS: the worker's end may close before its
+ * agent has finished dying when the runtime kills a container's processes all at once. */
+#define AGENT_DEATH_WAIT_MS 1000
+static int dies_soon(pid_t pid) {
+    for (int waited = 0; alive(pid); waited += 20) {
+        if (waited >= AGENT_DEATH_WAIT_MS) return 0;
+        struct timespec step = { 0, 20 * 1000000L };
+        nanosleep(&step, NULL);
+    }
+    return 1;
+}
+
 /* ---- the readiness probe ---- */
 
 #define PROBE_PLUGIN "rdma-macvlan"
@@ -375,12 +411,20 @@ int main(int argc, char **argv) {
         fall_back(argv, &in);
     }
     /* Committed: the agent may be running the call now. */
+    pid_t agent = agent_pid(fd);
     set_timeout(fd, ANSWER_TIMEOUT_S * 1000L);
     int code = 0;
     struct buf items = {0};
+    errno = 0;
     if (recv_answer(fd, &code, &items)) {
+        int timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
         close(fd);
         if (strcmp(command, "ADD")) fall_back(argv, &in);  /* DEL, CHECK, GC, STATUS, VERSION repeat safely */
+        if (!timed_out && dies_soon(agent)) {
+            fprintf(stderr, "rdma-cni-client: rdma-agent (pid %d) died during ADD, its workers with it: "
+                    "running the call in-process\n", (int)agent);
+            fall_back(argv, &in);
+        }
         char version[32];
         config_version(&in, version, sizeof version);
         printf("{\"cniVersion\":\"%s\",\"code\":%d,\"msg\":\"rdma-agent stopped answering during ADD; the "
