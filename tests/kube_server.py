@@ -263,7 +263,8 @@ class KubeServer:
     ) -> tuple[int, Any]:
         with self._lock:
             self.requests.append(
-                {"method": method, "path": path, "authorization": "Authorization" in headers, "body": body}
+                {"method": method, "path": path, "authorization": "Authorization" in headers, "body": body,
+                 "user-agent": headers.get("User-Agent", "")}  # fmt: skip
             )
             scripted = self.fail_next.pop(0) if self.fail_next else None
         if self.delay:

@@ -53,6 +53,18 @@ def test_get_pod_with_each_kind_of_credential(
     assert api.requests[-1]["authorization"] is auth.startswith("token")
 
 
+def test_each_component_names_itself_to_the_api_server(api: KubeServer, tmp_path: Path) -> None:
+    """The audit log's userAgent is how the control-plane cost is counted per component."""
+    from rdma_cni import __version__
+    from rdma_cni.dra.kubeapi import ResourceClient
+
+    path = str(api.kubeconfig(tmp_path / "kubeconfig", auth="token"))
+    PodClient(kubeconfig.load(path)).get_pod("default", "ibv-app-0")
+    ResourceClient(kubeconfig.load(path)).get_claim("default", "gpu-nic")
+    agents = [r["user-agent"] for r in api.requests[-2:]]
+    assert agents == [f"rdma-multus/{__version__}", f"rdma-dra-driver/{__version__}"]
+
+
 def test_missing_pod_is_none_not_an_error(api: KubeServer, tmp_path: Path) -> None:
     assert client_for(api, tmp_path, "token").get_pod("default", "nope") is None
 

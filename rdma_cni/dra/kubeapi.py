@@ -17,6 +17,7 @@ import os
 import urllib.parse
 from typing import Any
 
+from rdma_cni import __version__
 from rdma_cni.cni.errors import INVALID_CONFIG, KUBE_API_FAILURE, CniError
 from rdma_cni.dra import names
 from rdma_cni.kube.client import PodClient
@@ -32,6 +33,8 @@ def _q(text: str) -> str:
 
 class ResourceClient(PodClient):
     """:class:`PodClient`'s transport, with the resource.k8s.io/v1 calls of a DRA driver."""
+
+    USER_AGENT = f"rdma-dra-driver/{__version__}"
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get_object(
