@@ -22,24 +22,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import apiread, build, cluster
+from cluster import apiread, build, chart, cluster
+from cluster import dra as d
 from cluster import topology as topo
 from cluster import workloads as w
 from cluster.build import Binaries
 from cluster.cluster import GPU, RDMA, kubectl
 from cluster.node import Node
 
-pytestmark = [pytest.mark.cluster, pytest.mark.netns]
+pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.helm]
 
 NODES = 2
 SEED = "k8s-app=ibv-app"
 DS = "k8s-app=rdma-cni"
 NAD_CRD = Path(__file__).resolve().parent / "cluster" / "nad-crd.yaml"
+TIMES: dict[str, float] = {}  # measured here, printed by the tests that took them (-s shows them)
 
 
 @pytest.fixture(scope="module")
 def kube() -> Iterator[Binaries]:
-    """Two nodes labelled, the product applied, capacity registered; everything removed after.
+    """Two nodes labelled, the product installed with Helm (``helm install`` of charts/rdma-cni with
+    its defaults, as README "Install with Helm" says); everything removed after.
     ``RDMA_CNI_CLUSTER_REUSE=1`` (while working on these tests) keeps a cluster that is up, and up."""
     reuse = os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1"
     with cluster.exclusive():
@@ -48,7 +51,13 @@ def kube() -> Iterator[Binaries]:
         try:
             bins = build.binaries()
             w.label_nodes(bins, NODES)
-            w.apply(bins, w.product_manifest())
+            chart.on_cluster(
+                "uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--ignore-not-found", check=False
+            )
+            t0 = time.monotonic()
+            chart.on_cluster(*chart.release_args("install"))
+            w.wait_ready(bins, DS, NODES, "kube-system", timeout=240)
+            TIMES["helm install -> DaemonSet Ready"] = time.monotonic() - t0
             yield bins
         finally:
             if not reuse:
@@ -109,8 +118,11 @@ def baseline(kube: Binaries) -> dict[str, dict[str, Any]]:
 def test_seed_statefulset_runs_two_pods_per_node_and_a_fifth_stays_pending(
     kube: Binaries, baseline: dict[str, dict[str, Any]]
 ) -> None:
+    t0 = time.monotonic()
     w.apply(kube, w.seed_statefulset())
     ps = w.wait_ready(kube, SEED, 4, timeout=240)
+    TIMES["seed StatefulSet applied -> 4 pods Running and Ready on 2 nodes"] = time.monotonic() - t0
+    print(TIMES)
     per_node = sorted(p["spec"]["nodeName"] for p in ps)
     assert per_node == sorted([topo.node_name(1)] * 2 + [topo.node_name(2)] * 2)
 
@@ -355,16 +367,58 @@ def test_the_daemonsets_pod_deleted_is_recreated_and_nothing_is_lost(kube: Binar
     assert {nd.name: w.node_network(nd) for nd in nodes()} == net
 
 
-def test_a_rolling_update_to_a_new_image_tag_loses_nothing(kube: Binaries) -> None:
+def _daemonset_pods(kube: Binaries) -> dict[str, str]:
+    return {
+        p["metadata"]["name"]: p["spec"]["containers"][0]["image"] for p in w.pods(kube, DS, "kube-system")
+    }
+
+
+def test_helm_upgrade_to_a_new_image_tag_rolls_the_daemonset_and_loses_nothing(kube: Binaries) -> None:
     before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
-    w.apply(kube, w.product_manifest(tag="0.1.1"))
+    old = _daemonset_pods(kube)
+    t0 = time.monotonic()
+    chart.on_cluster(*chart.release_args("upgrade", "--set", "image.tag=0.1.1"))
     w.rollout(kube)
     ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=120)
+    print(f"helm upgrade --set image.tag=0.1.1 -> DaemonSet rolled and Ready: {time.monotonic() - t0:.1f} s")
     assert {p["spec"]["containers"][0]["image"] for p in ds} == {"rdma-cni:0.1.1"}
+    assert not set(old) & {p["metadata"]["name"] for p in ds}, "every DaemonSet pod replaced"
+    for nd in nodes():
+        _allocatable_back(kube, nd.name)
+    _pods_undisturbed(kube, before)  # same UIDs, containers (0 restarts), bonds and addresses
+    assert {nd.name: w.node_network(nd) for nd in nodes()} == net
+    assert [(h["revision"], h["status"]) for h in chart.history()][-1] == (2, "deployed")
+
+
+def test_helm_upgrade_to_shared_mode_while_pods_hold_bonds_is_refused_and_changes_nothing(
+    kube: Binaries,
+) -> None:
+    before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
+    ds_before = _daemonset_pods(kube)
+    proc = chart.on_cluster(
+        *chart.release_args("upgrade", "--set", "image.tag=0.1.1", "--set", "rdmaMode=shared"), check=False
+    )
+    assert proc.returncode != 0
+    said = proc.stderr
+    assert "rdmaMode: exclusive -> shared refused: pods hold RDMA devices" in said, said
+    assert all(f"default/ibv-app-{i}" in said for i in range(4)) and "Delete those pods first" in said, said
+    assert [(h["revision"], h["status"]) for h in chart.history()][-1] == (2, "deployed")
+    assert _daemonset_pods(kube) == ds_before, "nothing reached the cluster"
+    _pods_undisturbed(kube, before)
+    assert {nd.name: w.node_network(nd) for nd in nodes()} == net
+
+
+def test_helm_rollback_returns_the_first_revision_and_loses_nothing(kube: Binaries) -> None:
+    before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
+    chart.on_cluster("rollback", chart.RELEASE, "1", "-n", chart.NAMESPACE)
+    w.rollout(kube)
+    ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=120)
+    assert {p["spec"]["containers"][0]["image"] for p in ds} == {"rdma-cni:0.1.0"}
     for nd in nodes():
         _allocatable_back(kube, nd.name)
     _pods_undisturbed(kube, before)
     assert {nd.name: w.node_network(nd) for nd in nodes()} == net
+    assert [(h["revision"], h["status"]) for h in chart.history()][-1] == (3, "deployed")
 
 
 def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back_and_logs_the_status(
@@ -404,7 +458,9 @@ def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
     w.scale_to_zero(kube, "statefulset/ibv-app", SEED)
     kubectl(kube, "delete", "statefulset", "ibv-app", "--ignore-not-found", "--wait=true", timeout=180)
     wait_exact(baseline)
-    w.apply(kube, w.product_manifest(rdma_mode="shared", tag="0.1.1"))
+    # this kernel has no IPVLAN: the delegate's documented macvlan link, a value of the chart
+    sets = ("--set", "rdmaMode=shared", "--set", "shared.link=macvlan", "--set", "image.tag=0.1.1")
+    chart.on_cluster(*chart.release_args("upgrade", *sets))
     w.rollout(kube)
     for nd in nodes():
         w.wait(
@@ -412,8 +468,8 @@ def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
             functools.partial(_offers, kube, nd.name, 1000),
             120,
         )
-    for nd in nodes():  # this kernel has no IPVLAN: the delegate's documented macvlan link
-        w.use_macvlan_link(nd)
+        delegate = nd.dir("/etc/cni/net.d") / "rdma-multus.d" / "tke-rdma-ipvlan.conf"
+        assert json.loads(delegate.read_text())["link"] == "macvlan"
     shared = w.shared_deployment(replicas=4)
     w.apply(kube, shared)
     try:
@@ -449,3 +505,88 @@ def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
         kubectl(kube, "delete", "deployment", "rdma-shared", "--wait=false", check=False)
     for nd in nodes():  # the GPU stand-in stayed registered through the DaemonSet's re-install
         assert cluster.node_resources(kube, nd.name, GPU) == (8, 8)
+
+
+# --------------------------------------------------------------------------- helm uninstall, and DRA
+
+
+def _chart_objects(kube: Binaries) -> list[str]:
+    """Every object of the chart still in the API (its label; the DaemonSet's pods too)."""
+    namespaced = "daemonset,pod,serviceaccount,configmap,service,job"
+    cluster_wide = ",".join(
+        (
+            "clusterrole",
+            "clusterrolebinding",
+            "deviceclass",
+            "validatingadmissionpolicy",
+            "validatingadmissionpolicybinding",
+        )
+    )
+    out = []
+    for kinds, ns in ((namespaced, ["-n", "kube-system"]), (cluster_wide, [])):
+        got = kubectl(kube, "get", kinds, *ns, "-l", "k8s-app=rdma-cni", "-o", "name").stdout.split()
+        out += got
+    return out
+
+
+def test_helm_uninstall_leaves_no_chart_object_and_pods_holding_addresses_lose_nothing(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    w.apply(kube, w.shared_deployment(replicas=2))
+    try:
+        ps = w.wait_ready(kube, "app=rdma-shared", 2, timeout=240)
+        held = {p["metadata"]["name"]: bonds_of(kube, p["metadata"]["name"]) for p in ps}
+        chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--wait", "--timeout", "120s")
+        w.wait("no object of the chart left", lambda: not _chart_objects(kube), 120)
+        assert chart.on_cluster("list", "-n", chart.NAMESPACE, "-q").stdout.strip() == ""
+        assert {name: bonds_of(kube, name) for name in held} == held, "running pods keep their addresses"
+    finally:
+        kubectl(kube, "delete", "deployment", "rdma-shared", "--wait=false", check=False)
+    w.wait_gone(kube, "app=rdma-shared")
+    wait_exact(baseline)  # their DELs gave every address back, through the plugins left on the node
+    for nd in nodes():  # what README "Install with Helm" says stays on a node
+        assert (nd.dir("/etc/cni/net.d") / "00-rdma-multus.conflist").is_file()
+        assert (nd.dir("/opt/cni/bin") / "rdma-cni.d" / "current").is_symlink()
+        assert (nd.dir("/etc/rdma-cni") / "device-plugin.yaml").is_file()
+
+
+def _dra_devices(kube: Binaries, node: str, count: int) -> bool:
+    return len(d.devices(kube, node=node)) == count
+
+
+def test_the_dra_variant_serves_the_seed_unchanged_and_its_uninstall_waits_for_the_claims(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    chart.on_cluster(*chart.release_args("install", "--set", "frontEnd=dra"))
+    w.wait_ready(kube, DS, NODES, "kube-system", timeout=240)
+    for nd in nodes():
+        w.wait(f"{nd.name}'s 8 DRA devices", functools.partial(_dra_devices, kube, nd.name, 8), 90)
+    w.apply(kube, w.seed_statefulset())
+    try:
+        ps = w.wait_ready(kube, SEED, 4, timeout=240)
+        assert sorted(p["spec"]["nodeName"] for p in ps) == sorted([topo.node_name(1), topo.node_name(2)] * 2)
+        for p in ps:  # the seed's unchanged pods, their 4 bonds allocated by DRA
+            (claim,) = d.claims_of(kube, p["metadata"]["name"])
+            assert len([r for r in d.results(claim) if r["driver"] == d.DRIVER]) == 4
+        before, objects_before = _pod_state(kube), _chart_objects(kube)
+        proc = chart.on_cluster(
+            "uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--timeout", "120s", check=False
+        )
+        said = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "still held" in said and "ibv-app-0" in said, said
+        (check,) = w.pods(kube, "app.kubernetes.io/component=uninstall-check", "kube-system")
+        said = check["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
+        assert "still held" in said and all(f"ibv-app-{i}" in said for i in range(4)), said
+        # Helm has marked the release "uninstalling" (its pre-delete hook ran) but deleted nothing;
+        # `helm uninstall` again, once the pods are gone, completes it (below).
+        assert chart.history()[-1]["status"] == "uninstalling"
+        left = [o for o in _chart_objects(kube) if not o.startswith("job.batch/")]  # + the refusing check
+        assert sorted(left) == sorted(objects_before)
+        w.wait_ready(kube, DS, NODES, "kube-system", timeout=30)  # the driver still serves
+        _pods_undisturbed(kube, before)
+        w.scale_to_zero(kube, "statefulset/ibv-app", SEED)
+    finally:
+        kubectl(kube, "delete", "statefulset", "ibv-app", "--ignore-not-found", "--wait=true", timeout=180)
+    wait_exact(baseline)
+    chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--wait", "--timeout", "120s")
+    w.wait("no object of the chart left", lambda: not _chart_objects(kube), 120)
