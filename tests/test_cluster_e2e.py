@@ -590,3 +590,26 @@ def test_the_dra_variant_serves_the_seed_unchanged_and_its_uninstall_waits_for_t
     wait_exact(baseline)
     chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--wait", "--timeout", "120s")
     w.wait("no object of the chart left", lambda: not _chart_objects(kube), 120)
+
+
+# --------------------------------------------------------------------------- chaos (scripts/chaos-cluster)
+
+
+def test_a_short_chaos_run_loses_no_pod_and_leaves_every_node_exact(kube: Binaries) -> None:
+    """A seeded chaos run on this module's cluster (tests/cluster/chaos.py): pods of 1-8 bonds come
+    and go while the agent, the device plugin, kubelet, containerd, etcd and the control plane are
+    killed -9 in turn and the DaemonSet rolls; each Running pod exactly its allocation; at the end
+    every node exact, nothing left, the offer and the metrics as before. Its figures are printed
+    (pytest -s), never asserted: the machine's load decides them."""
+    from cluster import chaos
+
+    plan = chaos.Plan(seed=35, seconds=45, front_end="devicePlugin", fault_every=3.0, quiet_runs=2)
+    chaos.install(kube, plan)
+    try:
+        report = chaos.Run(kube, plan).run()
+    finally:
+        chaos.uninstall(kube)
+    print(report.text())
+    assert (report.lost, report.wrong, report.end_errors) == ([], [], [])
+    assert not [e for e in report.errors if "UNEXPECTED" in e or "HARNESS" in e], report.errors
+    assert report.outcomes["completed"] >= 5 and sum(k.killed for k in report.kills) >= 5, report.text()

@@ -379,10 +379,16 @@ def start_again(name: str) -> Proc:
     """Start a component that :func:`stop_one` ended, the way ``up`` started it; recorded."""
     bins = build.binaries()
     logs, pki = WORK / "logs", WORK / "pki"
-    if name == "kube-apiserver":
-        new = control_plane.start_apiserver(bins, pki, logs, topo.node_netns(1))
-    elif name == "kube-scheduler":
-        new = control_plane.spawn_scheduler(bins, pki, logs, topo.node_netns(1))
+    control = {
+        "etcd": lambda: control_plane.start_etcd(bins, pki, WORK / "data", logs, topo.node_netns(1)),
+        "kube-apiserver": lambda: control_plane.start_apiserver(bins, pki, logs, topo.node_netns(1)),
+        "kube-controller-manager": lambda: control_plane.spawn_controller_manager(
+            bins, pki, logs, topo.node_netns(1)
+        ),
+        "kube-scheduler": lambda: control_plane.spawn_scheduler(bins, pki, logs, topo.node_netns(1)),
+    }
+    if name in control:
+        new = control[name]()
     else:
         node_name, _, comp = name.partition("/")
         nd = Node(int(node_name.rsplit("-", 1)[1]))

@@ -159,10 +159,10 @@ def spawn_scheduler(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
     )
 
 
-def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list[Proc]:
-    """The four components in order, each waited for; a failure names the component with its log."""
-    procs = [start_etcd(bins, pki, data, logs, netns), start_apiserver(bins, pki, logs, netns)]
-    kcm = spawn(
+def spawn_controller_manager(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
+    """kube-controller-manager, not waited for; also to start it again after a kill (the chaos run:
+    kubelet restarts it as a static pod on a real control-plane node)."""
+    return spawn(
         "kube-controller-manager",
         [
             bins.path("kube-controller-manager"),
@@ -182,6 +182,12 @@ def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list
         logs / "kube-controller-manager.log",
         netns,
     )
+
+
+def start(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) -> list[Proc]:
+    """The four components in order, each waited for; a failure names the component with its log."""
+    procs = [start_etcd(bins, pki, data, logs, netns), start_apiserver(bins, pki, logs, netns)]
+    kcm = spawn_controller_manager(bins, pki, logs, netns)
     procs.append(kcm)
     sched = spawn_scheduler(bins, pki, logs, netns)
     procs.append(sched)
