@@ -181,6 +181,29 @@ def _gid_tail(ip: str) -> str:
     return f"{o[0]:02x}{o[1]:02x}:{o[2]:02x}{o[3]:02x}"
 
 
+def _doctor_not_ok(kube: Binaries) -> dict[str, list[str]]:
+    """Per DaemonSet pod, what its own readiness doctor (the probe's command, run in the refresh
+    container as README "Troubleshooting" says) finds other than OK or SKIP."""
+    out = {}
+    for p in w.pods(kube, DS, "kube-system"):
+        refresh = next(c for c in p["spec"]["containers"] if c["name"] == "refresh")
+        argv = [a for a in refresh["readinessProbe"]["exec"]["command"] if a not in ("--wait", "20")]
+        where = ("-n", "kube-system", p["metadata"]["name"], "-c", "refresh")
+        said = kubectl(kube, "exec", *where, "--", *argv, "--json", check=False).stdout
+        found = json.loads(said)["findings"]
+        out[p["spec"]["nodeName"]] = [
+            f"{f['status']} {f['check']}: {f['detail']}" for f in found if f["status"] not in ("OK", "SKIP")
+        ]
+    return out
+
+
+def test_the_daemonsets_own_doctor_is_clean_on_healthy_nodes_whose_bonds_pods_hold(kube: Binaries) -> None:
+    """Each node lends 4 bonds to 2 seed pods: the doctor sees who holds them (the runtime's and
+    rdma-multus's caches at their node paths) and finds nothing to warn about."""
+    w.wait_ready(kube, SEED, 4)
+    assert _doctor_not_ok(kube) == {topo.node_name(n): [] for n in range(1, NODES + 1)}
+
+
 def test_seed_pods_ping_their_peers_on_the_other_node_over_every_rdma_subnet(kube: Binaries) -> None:
     ps = w.pods(kube, SEED)
     a = next(p["metadata"]["name"] for p in ps if p["spec"]["nodeName"] == topo.node_name(1))
