@@ -184,8 +184,9 @@ def start_registry(reg: RegistryBins, imgs: Sequence[Image], logs: Path) -> Proc
     return proc
 
 
-def up(n_nodes: int = 1) -> State:
-    """The whole cluster; on any failure everything made so far is removed and the error re-raised."""
+def up(n_nodes: int = 1, audit: Sequence[str] = ()) -> State:
+    """The whole cluster; on any failure everything made so far is removed and the error re-raised.
+    ``audit``: users whose API requests the API server's audit log records (control_plane.audit_policy)."""
     if not 1 <= n_nodes <= topo.MAX_NODES:
         raise ValueError(f"--nodes {n_nodes}: 1 or {topo.MAX_NODES} (two nodes' bonds fill 198.51.100.0/24)")
     down()  # sweeps what a run killed with -9 left
@@ -195,7 +196,7 @@ def up(n_nodes: int = 1) -> State:
     st = State(nodes=n_nodes)
     t0 = time.monotonic()
     try:
-        _up(st, bins, n_nodes, reg, imgs)
+        _up(st, bins, n_nodes, reg, imgs, audit)
     except BaseException:
         log.error("up failed: removing what it made")
         down()
@@ -204,7 +205,9 @@ def up(n_nodes: int = 1) -> State:
     return st
 
 
-def _up(st: State, bins: Binaries, n_nodes: int, reg: RegistryBins, imgs: Sequence[Image]) -> None:
+def _up(
+    st: State, bins: Binaries, n_nodes: int, reg: RegistryBins, imgs: Sequence[Image], audit: Sequence[str]
+) -> None:
     logs = WORK / "logs"
     pki = WORK / "pki"
     logs.mkdir(parents=True, exist_ok=True)
@@ -232,6 +235,8 @@ def _up(st: State, bins: Binaries, n_nodes: int, reg: RegistryBins, imgs: Sequen
     st.procs.append(start_registry(reg, imgs, logs))
     st.save()
     control_plane.make_pki(pki, n_nodes)
+    if audit:
+        control_plane.audit_policy(pki, audit)
     st.procs += control_plane.start(bins, pki, WORK / "data", logs, topo.node_netns(1))
     st.save()
     for nd in nodes:

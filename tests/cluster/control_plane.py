@@ -9,7 +9,9 @@ kube-proxy, so in-cluster config works in pods as on a real node.
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from cluster import pki as pkimod
@@ -74,7 +76,32 @@ def make_pki(d: Path, nodes: int) -> None:
         )
 
 
-def apiserver_argv(bins: Binaries, pki: Path) -> list[str]:
+AUDIT_POLICY = "audit-policy.yaml"  # in the PKI dir: present = audit on, also for a restarted API server
+AUDIT_LOG = "kube-apiserver-audit.log"
+
+
+def audit_policy(pki: Path, users: Sequence[str]) -> None:
+    """Turn the API server's audit log on for ``users`` (Metadata level: who, verb, object, stage;
+    no bodies) and off for everyone else, so that the log holds only what is measured
+    (tests/cluster/apicost.py) and costs the other components' requests nothing."""
+    rules = [{"level": "Metadata", "users": list(users)}, {"level": "None"}]
+    doc = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+           "rules": rules}  # fmt: skip
+    (pki / AUDIT_POLICY).write_text(json.dumps(doc))
+
+
+def _audit_flags(pki: Path, logs: Path) -> list[str]:
+    if not (pki / AUDIT_POLICY).exists():
+        return []
+    return [f"--audit-policy-file={pki / AUDIT_POLICY}", f"--audit-log-path={logs / AUDIT_LOG}",
+            "--audit-log-format=json", "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s"]  # fmt: skip
+
+
+def apiserver_argv(bins: Binaries, pki: Path, logs: Path | None = None) -> list[str]:
+    return [*_apiserver_flags(bins, pki), *(_audit_flags(pki, logs) if logs else [])]
+
+
+def _apiserver_flags(bins: Binaries, pki: Path) -> list[str]:
     return [
         bins.path("kube-apiserver"),
         "--etcd-servers=https://127.0.0.1:2379",
@@ -131,7 +158,7 @@ def start_etcd(bins: Binaries, pki: Path, data: Path, logs: Path, netns: str) ->
 
 
 def start_apiserver(bins: Binaries, pki: Path, logs: Path, netns: str) -> Proc:
-    api = spawn("kube-apiserver", apiserver_argv(bins, pki), logs / "kube-apiserver.log", netns)
+    api = spawn("kube-apiserver", apiserver_argv(bins, pki, logs), logs / "kube-apiserver.log", netns)
     wait_for("the API server's /readyz", lambda: _probe_in_netns(netns, f"{api_url()}/readyz", pki), 120, api)
     return api
 
