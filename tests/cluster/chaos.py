@@ -170,8 +170,7 @@ class Report:
         ]
         out += [f"  slow: {s}" for s in self._slowest()]
         out += [
-            f"  starts with a kill of {c} during them: {_quantiles(v)}"
-            for c, v in self.starts_by_fault().items()
+            f"  starts that met one kill, of {c}: {_quantiles(v)}" for c, v in self.starts_by_fault().items()
         ]
         causes = self.rejection_causes()
         if causes:
@@ -179,16 +178,17 @@ class Report:
         return "\n".join(out)
 
     def starts_by_fault(self) -> dict[str, list[float]]:
-        """Creation -> Running of the pods that met a kill on their node (or of the control plane, or
-        the rollout) while they started, by the component killed."""
+        """Creation -> Running of the pods that met exactly one kill while they started (on their
+        node, of the control plane, or the rollout), by the component killed: what one fault costs a
+        start, without the others that overlap it."""
         out: dict[str, list[float]] = {}
         for x in self.lives:
             if not x.timed or x.running is None:
                 continue
-            met = {k.fault.component for k in self.kills if k.killed and x.created <= k.at <= x.running
-                   and (k.fault.node == 0 or k.fault.name.startswith(f"{x.node}/"))}  # fmt: skip
-            for c in met:
-                out.setdefault(c, []).append(x.running - x.created)
+            met = [k.fault.component for k in self.kills if k.killed and x.created <= k.at <= x.running
+                   and (k.fault.node == 0 or k.fault.name.startswith(f"{x.node}/"))]  # fmt: skip
+            if len(met) == 1:
+                out.setdefault(met[0], []).append(x.running - x.created)
         return {c: sorted(v) for c, v in sorted(out.items())}
 
     def rejection_causes(self) -> Counter[str]:
@@ -231,6 +231,16 @@ class Report:
                 c: [_q(v, 0.5), _q(v, 0.99), len(v)] for c, v in self.starts_by_fault().items()
             },
             "lost": self.lost,
+            "lives": [
+                {
+                    "name": x.name,
+                    "size": x.size,
+                    "node": x.node,
+                    "outcome": x.outcome(),
+                    "start": None if x.running is None or not x.timed else round(x.running - x.created, 3),
+                }
+                for x in self.lives
+            ],
             "wrong": self.wrong,
             "end_errors": self.end_errors,
         }

@@ -124,7 +124,8 @@ def exclusive_errors(node: Node, seen: PodView, allocated: set[str]) -> list[str
         errs.append(f"NCCL_IB_HCA={seen.env.get('NCCL_IB_HCA')}")
     for i in idx:
         if not gid_holds(node, i, topo.bond_ip(node.n, i)):
-            errs.append(f"mlx5_bond_{i} GID {ROCE_V2_INDEX} does not hold {topo.bond_ip(node.n, i)}")
+            errs.append(f"mlx5_bond_{i} GID {ROCE_V2_INDEX} does not hold {topo.bond_ip(node.n, i)}: "
+                        f"its table is {gid_table(node, i)}")  # fmt: skip
     return errs
 
 
@@ -155,6 +156,16 @@ def gid_holds(node: Node, bond: int, address: str) -> bool:
         return (path / ROCE_V2_INDEX).read_text().strip().endswith(tail)
     except OSError:
         return False
+
+
+def gid_table(node: Node, bond: int) -> dict[str, str]:
+    """The HCA's non-zero GID slots: what a wrong slot held instead."""
+    path = node.sys_tree / "class" / "infiniband" / f"mlx5_bond_{bond}" / "ports" / "1" / "gids"
+    try:
+        texts = {g.name: g.read_text().strip() for g in path.iterdir()}
+    except OSError as e:
+        return {"error": str(e)}
+    return {k: v for k, v in sorted(texts.items()) if v.strip("0:")}
 
 
 def duplicates(held: dict[str, list[str]]) -> list[str]:
