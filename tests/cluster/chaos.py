@@ -75,6 +75,7 @@ class Plan:
     quiet_runs: int = 4  # pods started one at a time with no fault, before the chaos: the quiet figure
     max_pods: int = 6  # chaos pods alive at once (besides the StatefulSet's)
     check_every: float = 2.0
+    only: tuple[str, ...] = ()  # kill only these components (what one kind of fault costs); () all
 
 
 @dataclass
@@ -460,7 +461,9 @@ class Run:
 
     def _faults(self) -> None:
         rng = random.Random(self.plan.seed * 7919 + 1)
-        names = faults.components(self.plan.front_end)
+        names = [
+            c for c in faults.components(self.plan.front_end) if not self.plan.only or c in self.plan.only
+        ]
         while not self.stop.wait(rng.uniform(0.5, 1.5) * self.plan.fault_every):
             fault = faults.pick(rng, names, NODES)
             try:
@@ -658,8 +661,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fault-every", type=float, default=4.0, help="mean seconds between two kills")
     p.add_argument("--quiet-runs", type=int, default=8)
     p.add_argument("--json", help="also write the report here")
+    p.add_argument(
+        "--only", nargs="+", default=(), metavar="COMPONENT", help="kill only these (e.g. rdma-agent)"
+    )
     a = p.parse_args(argv)
-    plan = Plan(a.seed, a.seconds, a.cycles, a.front_end, a.mode, a.fault_every, a.quiet_runs)
+    plan = Plan(
+        a.seed, a.seconds, a.cycles, a.front_end, a.mode, a.fault_every, a.quiet_runs, only=tuple(a.only)
+    )
     reuse = os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1"
     with cluster.exclusive():
         try:
