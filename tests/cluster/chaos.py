@@ -427,7 +427,7 @@ class Run:
     def check(self) -> None:
         """Each Running pod exactly its allocation, and nothing in two pods, on every node."""
         for nd in nodes():
-            allocs = inv.allocations(nd, self.plan.front_end)
+            allocs = {} if self.plan.front_end == "dra" else inv.allocations(nd)
             if allocs is None:
                 continue
             held: dict[str, list[str]] = {}
@@ -440,22 +440,40 @@ class Run:
                 seen = inv.pod_view(nd, life.doc)
                 if seen is None:
                     continue
-                if self.plan.mode == "shared":
-                    errs = inv.shared_errors(nd, seen)
-                else:
-                    pod_name = life.doc["metadata"]["name"]
-                    mine = allocs.get(("default", pod_name), set())
-                    errs = inv.exclusive_errors(nd, seen, mine)
-                    if said:  # the agent answered: its holders name this pod for each of its bonds
-                        errs += [
-                            f"metrics: {b} held by {said.get(b)!r}" for b in mine if said.get(b) != pod_name
-                        ]
+                errs = self._pod_errors(nd, life, seen, allocs, said)
+                if errs is None:
+                    continue
                 _judge(life, errs)
                 held[life.name] = [a for v in seen.bonds.values() for a in v]
             dups = set(inv.duplicates(held))
             for dup in dups & self.dups.get(nd.name, set()):
                 self.errors[f"WRONG: {dup}"] += 1
             self.dups[nd.name] = dups
+
+    def _pod_errors(
+        self,
+        nd: Node,
+        life: Life,
+        seen: inv.PodView,
+        allocs: dict[tuple[str, str], set[str]],
+        said: dict[str, str],
+    ) -> list[str] | None:
+        """How one Running pod differs from its allocation (None: its allocation cannot be read now).
+        ``said``: the agent's bond holders (empty when it did not answer)."""
+        if self.plan.mode == "shared":
+            return inv.shared_errors(nd, seen)
+        name = life.doc["metadata"]["name"]
+        mine = (
+            inv.claim_bonds(life.doc)
+            if self.plan.front_end == "dra"
+            else allocs.get(("default", name), set())
+        )
+        if mine is None:
+            return None
+        errs = inv.exclusive_errors(nd, seen, mine)
+        if said:  # the agent answered: its holders name this pod for each of its bonds
+            errs += [f"metrics: {b} held by {said.get(b)!r}" for b in mine if said.get(b) != name]
+        return errs
 
     # -- faults
 

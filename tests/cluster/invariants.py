@@ -83,9 +83,9 @@ def pod_view(node: Node, pod: dict[str, Any]) -> PodView | None:
     return PodView(bonds, dev, env)
 
 
-def allocations(node: Node, front_end: str) -> dict[tuple[str, str], set[str]] | None:
-    """(namespace, pod) -> the bonds kubelet allocated to it (PodResources List); None while the node's
-    kubelet does not answer (killed, restarting)."""
+def allocations(node: Node) -> dict[tuple[str, str], set[str]] | None:
+    """(namespace, pod) -> the bonds kubelet allocated to it from the device plugin (PodResources
+    List); None while the node's kubelet does not answer (killed, restarting)."""
     sock = node.dir("/var/lib/kubelet") / "pod-resources" / "kubelet.sock"
     try:
         held, _ = podresources.node_allocations(str(sock), timeout=3)
@@ -93,13 +93,32 @@ def allocations(node: Node, front_end: str) -> dict[tuple[str, str], set[str]] |
         return None
     out: dict[tuple[str, str], set[str]] = {}
     for key, given in held.items():
-        if front_end == "dra":
-            bonds = {c.device for c in given.of_driver(d.DRIVER)}
-        else:
-            bonds = {f"bond{m.group(1)}" for i in given.devices.get(RDMA, []) if (m := HCA.search(i))}
+        bonds = {f"bond{m.group(1)}" for i in given.devices.get(RDMA, []) if (m := HCA.search(i))}
         if bonds:
             out[key] = bonds
     return out
+
+
+def claim_bonds(pod: dict[str, Any]) -> set[str] | None:
+    """The bonds the scheduler allocated to the pod's claims (DRA), from the ResourceClaims in the API:
+    the allocation itself (kubelet's PodResources once listed a running pod without its claim's devices
+    in two checks 2 s apart). None while the API does not answer."""
+    status = pod.get("status", {})
+    names = [
+        c["resourceClaimName"]
+        for c in status.get("resourceClaimStatuses") or []
+        if c.get("resourceClaimName")
+    ]
+    ext = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    names += [ext] if ext else []
+    ns = pod["metadata"].get("namespace", "default")
+    try:
+        claims = [
+            apiread.get_object(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{n}") for n in names
+        ]
+    except apiread.ReadError:
+        return None
+    return {r["device"] for c in claims for r in d.results(c) if r["driver"] == d.DRIVER}
 
 
 def exclusive_errors(node: Node, seen: PodView, allocated: set[str]) -> list[str]:
