@@ -54,6 +54,7 @@ GROUPS: Mapping[str, str] = {
     "test_cluster_images.py": "cluster",
     "test_cluster_dra.py": "cluster",
     "test_cluster_sweep.py": "cluster",
+    "test_cluster_multus.py": "cluster",
 }
 
 FIRST: tuple[str, ...] = (

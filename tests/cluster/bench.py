@@ -18,6 +18,12 @@ interleaved with reference pods again, for the ratio DRA / device plugin; and No
 a running seed pod's 4-bond claim, called on the driver's socket as kubelet calls it (each call
 after an unprepare, so the whole path runs: the claim read from the API server, the CDI spec and the
 records written).
+
+``--multus`` then makes upstream Multus (thin, tests/cluster/multus.py) the node's meta plugin
+instead of rdma-multus and times the same seed pod with its annotation in Multus's form (the NAD
+``rdma-exclusive`` of ``type: rdma-macvlan`` with ``resourceName`` tke-shared-rdma, referenced 4
+times), interleaved with reference pods again: pod start under Multus against under rdma-multus, in
+one run.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from typing import Any
 import grpc
 import yaml
 
-from cluster import apiread, build, cluster
+from cluster import apiread, build, cluster, multus
 from cluster import dra as d
 from cluster import workloads as w
 from cluster.build import Binaries
@@ -44,12 +50,13 @@ from cluster.node import Node
 from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
 
-def pod_doc(name: str, rdma: bool) -> str:
+def pod_doc(name: str, rdma: bool, networks: dict[str, str] | None = None) -> str:
+    """The seed pod (``networks``: its annotations instead of the seed's, e.g. Multus's form)."""
     sts = yaml.safe_load(w.seed_statefulset())
     spec = sts["spec"]["template"]["spec"]
     meta: dict[str, object] = {"name": name, "labels": {"bench": "1"}}
     if rdma:
-        meta["annotations"] = sts["spec"]["template"]["metadata"]["annotations"]
+        meta["annotations"] = networks or sts["spec"]["template"]["metadata"]["annotations"]
     else:
         spec["containers"][0]["resources"] = {}
     spec["terminationGracePeriodSeconds"] = 1
@@ -70,8 +77,8 @@ def running(bins: Binaries, name: str) -> bool:
     )
 
 
-def one(bins: Binaries, name: str, rdma: bool) -> float:
-    doc = pod_doc(name, rdma)
+def one(bins: Binaries, name: str, rdma: bool, networks: dict[str, str] | None = None) -> float:
+    doc = pod_doc(name, rdma, networks)
     t0 = time.monotonic()
     kubectl(bins, "create", "-f", "-", stdin=doc)
     w.wait(f"{name} Running", lambda: running(bins, name), 180, 0.05)
@@ -81,12 +88,17 @@ def one(bins: Binaries, name: str, rdma: bool) -> float:
 
 
 def seed_and_reference(
-    bins: Binaries, nd: Node, clean: dict[str, Any], runs: int, tag: str
+    bins: Binaries,
+    nd: Node,
+    clean: dict[str, Any],
+    runs: int,
+    tag: str,
+    networks: dict[str, str] | None = None,
 ) -> tuple[list[float], list[float]]:
     seed, ref = [], []
     for i in range(runs):
         ref.append(one(bins, f"ref-{tag}{i}", False))
-        seed.append(one(bins, f"seed-{tag}{i}", True))
+        seed.append(one(bins, f"seed-{tag}{i}", True, networks))
         w.wait_exact([nd], {nd.name: clean})
     return seed, ref
 
@@ -137,11 +149,26 @@ def switch_to_dra(bins: Binaries, nd: Node) -> None:
     logging.info("a seed pod while kubelet still has the device plugin's resource: %s", window_probe(bins))
 
 
+def switch_to_multus(bins: Binaries, nd: Node) -> None:
+    """Upstream Multus instead of rdma-multus, as a user swaps meta plugins: our DaemonSet without its
+    meta config, rdma-multus's config removed, the cluster network as a top-level config, Multus's
+    own DaemonSet, and the NAD."""
+    w.apply(bins, multus.product_without_meta())
+    w.rollout(bins)
+    (nd.dir("/etc/cni/net.d") / "00-rdma-multus.conflist").unlink(missing_ok=True)
+    multus.cluster_network(nd)
+    w.apply(bins, multus.deployment("thin"))
+    w.wait_ready(bins, multus.SELECTOR, 1, "kube-system", timeout=240)
+    w.apply(bins, multus.nad("rdma-exclusive", multus.RDMA_MACVLAN, multus.RESOURCE))
+    w.wait("capacity", lambda: w.node_capacity(bins, nd.name) == (8, 8), 120)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="bench: %(message)s", stream=sys.stderr)
     p = argparse.ArgumentParser(prog="scripts/bench-cluster")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--dra", action="store_true", help="also the same pods through the DRA driver")
+    p.add_argument("--multus", action="store_true", help="also the same pods under upstream Multus")
     a = p.parse_args(argv)
     with cluster.exclusive():
         try:
@@ -170,6 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 switch_to_dra(bins, nd)
                 dra_seed, dra_ref = seed_and_reference(bins, nd, clean, a.runs, "dra-")
                 prep = prepare_p50(bins, nd, 20)
+            if a.multus:
+                switch_to_multus(bins, nd)
+                m_first = one(bins, "seed-multus-first", True, multus.references(4))
+                w.wait_exact([nd], {nd.name: clean})
+                m_seed, m_ref = seed_and_reference(bins, nd, clean, a.runs, "multus-", multus.references(4))
         finally:
             cluster.down()
     p50s, p50r = statistics.median(seed), statistics.median(ref)
@@ -195,6 +227,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"against each phase's reference: {(p50d / p50dr) / (p50s / p50r):.2f}"
         )
         print(f"NodePrepareResources, a 4-bond claim on the real API server, p50 of 20: {prep:.1f} ms")
+    if a.multus:
+        p50m, p50mr = statistics.median(m_seed), statistics.median(m_ref)
+        print(
+            f"upstream Multus {multus.MULTUS} (thin): seed pod (NAD rdma-exclusive x4) creation->Running "
+            f"first {m_first:.2f} s, warm p50 of {a.runs}: {p50m:.2f} s (min {min(m_seed):.2f}, max "
+            f"{max(m_seed):.2f}); reference p50 {p50mr:.2f} s"
+        )
+        print(
+            f"ratio Multus / rdma-multus (seed p50): {p50m / p50s:.2f}; against each phase's reference: "
+            f"{(p50m / p50mr) / (p50s / p50r):.2f}"
+        )
     return 0
 
 

@@ -1,0 +1,133 @@
+"""Upstream Multus on the test cluster, installed the way its own deployment manifests install it.
+
+The manifests come from the very module the harness builds (``deployments/multus-daemonset.yml``,
+thin, as NVIDIA network-operator deploys it; ``-thick.yml``, thick), out of the Go module cache
+(``go mod download`` of :data:`~cluster.versions.MULTUS`), with only their image replaced by the
+local build (:func:`cluster.images.build_multus`, pulled from the cluster's registry). Nothing else
+is edited: the NetworkAttachmentDefinition CRD, the ServiceAccount, the ClusterRole and the
+DaemonSet are upstream's.
+
+What a Multus node needs besides, as on any cluster that runs it:
+
+- a cluster network config at the top of ``/etc/cni/net.d`` for Multus's ``auto`` config to wrap
+  as its ``clusterNetwork`` (delegate 0): the cluster's ptp network ``tke-route-eni``, as
+  ``10-tke-route-eni.conf`` (:func:`cluster_network`);
+- the product installed without its own meta config (``CLUSTER_MODE`` empty: install.sh then
+  lays only the binaries, the delegate configs and the device plugin's config): one node runs one
+  meta plugin (:func:`product_without_meta`).
+
+    apply(bins, deployment("thin"))
+    w.wait_ready(bins, SELECTOR, 1, "kube-system")
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster import chart
+from cluster.images import MULTUS_REPO
+from cluster.node import Node
+from cluster.versions import MULTUS, MULTUS_MODULE
+
+SELECTOR = "app=multus"  # both upstream DaemonSets' pods carry it
+UPSTREAM_IMAGE = "ghcr.io/k8snetworkplumbingwg/multus-cni:snapshot"  # -thick for the thick one
+IMAGE = f"{MULTUS_REPO.rsplit('/', 1)[-1]}:{MULTUS}"  # multus-cni:v4.2.3, from the cluster's registry
+MANIFESTS = {"thin": "multus-daemonset.yml", "thick": "multus-daemonset-thick.yml"}
+# What Multus's auto config writes, and the runtime then uses first: the thin entrypoint a conflist
+# when the cluster network's cniVersion is 1.0.0 (its template), else a plain config; the thick
+# daemon always the plain one. In the runtime's (sorted) order: .conf before .conflist.
+GENERATED = ("00-multus.conf", "00-multus.conflist")
+CLUSTER_NETWORK = "10-tke-route-eni.conf"
+
+
+def module_dir() -> Path:
+    """The pinned Multus module's directory in the Go module cache (downloaded when missing)."""
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"{MULTUS_MODULE}@{MULTUS}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    return Path(json.loads(out)["Dir"])
+
+
+def deployment(variant: str = "thin") -> str:
+    """Upstream's manifest of ``variant`` (thin or thick), its image the local build."""
+    text = (module_dir() / "deployments" / MANIFESTS[variant]).read_text()
+    upstream = UPSTREAM_IMAGE + ("-thick" if variant == "thick" else "")
+    if upstream not in text:
+        raise RuntimeError(f"{MANIFESTS[variant]} of Multus {MULTUS} names no {upstream}")
+    return text.replace(upstream, IMAGE)
+
+
+def generated(node: Node) -> dict[str, Any] | None:
+    """The Multus plugin's config the runtime uses on ``node`` (the first plugin of a conflist), or
+    None while Multus's ``auto`` wrote none."""
+    for name in GENERATED:
+        path = node.dir("/etc/cni/net.d") / name
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        plugin = doc["plugins"][0] if "plugins" in doc else doc
+        return plugin if isinstance(plugin, dict) else None
+    return None
+
+
+def cluster_network(node: Node) -> None:
+    """The cluster network as a top-level config: the same ptp ``tke-route-eni`` the harness lays
+    into ``rdma-multus.d`` (:func:`cluster.node.cluster_network_config`), for Multus to find first."""
+    src = node.dir("/etc/cni/net.d") / "rdma-multus.d" / "tke-route-eni.conf"
+    (node.dir("/etc/cni/net.d") / CLUSTER_NETWORK).write_text(src.read_text())
+
+
+def product_without_meta(rdma_mode: str = "exclusive", mellanox_config: Path | None = None) -> str:
+    """The chart rendered for ``rdma_mode`` (and, with ``mellanox_config``, Mellanox's config.json as
+    ``devicePlugin.mellanoxConfig``), then ``CLUSTER_MODE`` emptied in the rendering: the chart's
+    schema knows only vpc-cni and global-router, and install.sh without ``--mode`` writes no
+    ``00-rdma-multus.conflist``."""
+    sets = ["--set", f"rdmaMode={rdma_mode}"]
+    if mellanox_config is not None:
+        sets += ["--set-file", f"devicePlugin.mellanoxConfig={mellanox_config}"]
+    text = chart.template(*sets)
+    if text.count("value: vpc-cni") != 2:  # the install container's and the refresh container's
+        raise RuntimeError("the chart no longer sets CLUSTER_MODE twice: revisit product_without_meta")
+    return text.replace("value: vpc-cni", 'value: ""')
+
+
+# Exclusive mode's NAD: our delegate config, the device plugin's resource named so that Multus hands
+# each reference one of the pod's allocated bonds as deviceID.
+RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
+RDMA_MACVLAN = {
+    "cniVersion": "1.0.0",
+    "name": "rdma-exclusive",
+    "type": "rdma-macvlan",
+    "capabilities": {"deviceID": True},
+}
+
+
+def nad(name: str, config: dict[str, Any], resource: str | None = None) -> str:
+    """A NetworkAttachmentDefinition in ``default`` (with ``k8s.v1.cni.cncf.io/resourceName``)."""
+    meta: dict[str, Any] = {"name": name, "namespace": "default"}
+    if resource:
+        meta["annotations"] = {"k8s.v1.cni.cncf.io/resourceName": resource}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "k8s.cni.cncf.io/v1",
+            "kind": "NetworkAttachmentDefinition",
+            "metadata": meta,
+            "spec": {"config": json.dumps(config)},
+        }
+    )
+
+
+def references(count: int, network: str = "rdma-exclusive") -> dict[str, str]:
+    """A pod's annotation referencing ``network`` ``count`` times (each gets the next device)."""
+    return {"k8s.v1.cni.cncf.io/networks": ",".join([network] * count)}
+
