@@ -354,8 +354,7 @@ class Run:
             return True
         said = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
         expected = any(
-            s in said
-            for s in ("connection refused", "connection reset", "timeout", "etcdserver", "EOF", "unavailable")
+            s in said for s in ("refused", "connection reset", "timeout", "etcdserver", "EOF", "unavailable")
         )
         tag = "expected while the control plane restarts" if expected else "UNEXPECTED"
         self.errors[f"{what}: {_generic(said)} ({tag})"] += 1
