@@ -140,8 +140,12 @@ def test_mellanox_config_json_pools_are_published_prepared_watched_and_follow_th
     assert ib == {"hca": {"string": "mlx5_4"}, "resource.kubernetes.io/pcieRoot": {"string": "pci0000:40"},
                   "resource.kubernetes.io/pciBusID": {"string": "0000:1b:00.0"},
                   "resource.kubernetes.io/numaNode": {"int": 1}, "linkLayer": {"string": "InfiniBand"},
-                  "pool": {"string": "rdma/hca_shared_devices_a"}}
-    assert devs["mlx5-4-ib-all"]["attributes"] == {**ib, "pool": {"string": "rdma/ib_all"}}
+                  "pool": {"string": "rdma/hca_shared_devices_a"},
+                  # what upstream Multus's DRA path matches a NAD by, and hands its delegate
+                  "k8s.cni.cncf.io/resourceName": {"string": "rdma/hca_shared_devices_a"},
+                  "k8s.cni.cncf.io/deviceID": {"string": "mlx5_4"}}
+    ib_all = {"pool": {"string": "rdma/ib_all"}, "k8s.cni.cncf.io/resourceName": {"string": "rdma/ib_all"}}
+    assert devs["mlx5-4-ib-all"]["attributes"] == {**ib, **ib_all}
     bond2 = devs["bond2"]["attributes"]
     assert bond2["bond"] == {"string": "bond2"} and bond2["hca"] == {"string": "mlx5_bond_2"}
     assert bond2["ipv4Subnet"] == {"string": "198.51.100.32/28"} and isinstance(bond2["gidIndex"]["int"], int)
