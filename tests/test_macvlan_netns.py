@@ -148,10 +148,11 @@ def test_device_ids_choose_the_named_bonds(node_ns: Node) -> None:
     res = n.plugin("ADD", conf2, pod2, container_id="c2")
     assert res.code == 0, res.stdout + res.stderr
     assert [i["name"] for i in res.out["interfaces"]] == ["bond1"]
-    # A named bond pinned to another live container: error 11 naming the holder.
+    # A named bond pinned to another live container: error 11 naming the holder (at once with
+    # pinnedWaitMs 0; test_macvlan_pinned_wait has the wait for its DEL).
     pod3 = n.pod()
-    res = n.plugin("ADD", n.config(masters=["bond0", "bond1", "bond2"], deviceID="bond1"), pod3,
-                   container_id="c3")
+    res = n.plugin("ADD", n.config(masters=["bond0", "bond1", "bond2"], deviceID="bond1", pinnedWaitMs=0),
+                   pod3, container_id="c3")
     assert res.code == 1 and res.out["code"] == 11
     assert "bond1" in res.out["msg"] and "c2" in res.out["msg"]
 

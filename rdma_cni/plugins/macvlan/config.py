@@ -32,6 +32,7 @@ FIXES = {
     "kubeletRootDir": "kubelet's --root-dir, an absolute path (default /var/lib/kubelet)",
     "podResourcesDir": "an absolute directory path holding kubelet.sock, or leave it out",
     "devicePluginDir": "an absolute directory path (kubelet's checkpoint: /var/lib/kubelet/device-plugins)",
+    "pinnedWaitMs": "milliseconds as a whole number, 0-600000, e.g. 10000",
 }
 
 

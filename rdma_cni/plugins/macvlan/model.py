@@ -61,6 +61,11 @@ class MacvlanConfig(FilesConfig):
     kubelet_root_dir: str = DEFAULT_KUBELET_ROOT
     pod_resources_dir: str = ""
     device_plugin_dir: str = DEFAULT_DEVICE_PLUGIN_DIR
+    # How long ADD waits for a bond its device IDs name to be unpinned by the DEL of the container
+    # that held it: kubelet hands a force-deleted pod's devices to the next pod before the old
+    # sandbox's DEL has run (seen in the chaos run: the ADD answered 11 and the pod started 10-17 s
+    # late, after kubelet's pod-worker back-off). 0 answers 11 at once, as before.
+    pinned_wait_ms: int = 10_000
 
     def pod_resources(self) -> str:
         return self.pod_resources_dir or f"{self.kubelet_root_dir.rstrip('/')}/pod-resources"
@@ -79,6 +84,7 @@ FIELDS = (
     cf.field("kubelet_root_dir", cf.string(min_length=1), DEFAULT_KUBELET_ROOT, key="kubeletRootDir"),
     cf.field("pod_resources_dir", cf.string(), "", key="podResourcesDir"),
     cf.field("device_plugin_dir", cf.string(min_length=1), DEFAULT_DEVICE_PLUGIN_DIR, key="devicePluginDir"),
+    cf.field("pinned_wait_ms", cf.integer(ge=0, le=600_000), 10_000, key="pinnedWaitMs"),
     *files_fields(DEFAULT_DATA_DIR),
 )
 

@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import os
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni import log as logconf
@@ -45,7 +46,13 @@ from rdma_cni.plugins.macvlan import rdma as macvlan_rdma
 from rdma_cni.plugins.macvlan import tx
 from rdma_cni.plugins.macvlan.config import parse_config, parse_del_config
 from rdma_cni.plugins.macvlan.model import DEFAULT_DATA_DIR
-from rdma_cni.plugins.macvlan.select import choose_bonds, describe_pins, is_opaque, requested_device_ids
+from rdma_cni.plugins.macvlan.select import (
+    PinnedElsewhere,
+    choose_bonds,
+    describe_pins,
+    is_opaque,
+    requested_device_ids,
+)
 from rdma_cni.rdma import sysfs
 from rdma_cni.rdma.mode import require_mode
 from rdma_cni.state import (
@@ -64,6 +71,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rdma_cni.macvlan")
 
 KNOWN_ARGS = frozenset({"MAC"})
+PINNED_LOOK_S = 0.1  # how often ADD looks again for a named bond's pin to clear
 
 
 def _config(req: Request) -> MacvlanConfig:
@@ -100,13 +108,33 @@ class MacvlanPlugin:
                 # bonds are looked up and checked once, here.
                 known = _configured_masters(host, cfg.masters) if cfg.masters else {}
                 kubelet = _kubelet_view(req, cfg)  # a gRPC question: never under the node lock
-                with state.locked():
-                    fp.hit("locked")
-                    rec, ctx = self._write_ahead(req, cfg, state, fp, host, pod, ns, known, kubelet)
+                rec, ctx = self._write_ahead_when_unpinned(req, cfg, state, fp, host, pod, ns, known, kubelet)
                 return self._transact(req, cfg, state, rec, ctx)
             finally:
                 pod.close()
                 host.close()
+
+    def _write_ahead_when_unpinned(
+        self, req: Request, cfg: MacvlanConfig, state: NodeState, fp: tx.Failpoints, host: Any, pod: Any,
+        ns: Any, known: dict[str, links.Link], kubelet: DeviceHolders | None,
+    ) -> tuple[AttachmentRecord, tx.AddContext]:
+        """:meth:`_write_ahead`, again while a bond the device IDs name is still pinned to another
+        container, for up to ``pinnedWaitMs``: the node lock is free between looks, so that
+        container's DEL can unpin it."""
+        deadline = time.monotonic() + cfg.pinned_wait_ms / 1000
+        while True:
+            try:
+                with state.locked():
+                    fp.hit("locked")
+                    return self._write_ahead(req, cfg, state, fp, host, pod, ns, known, kubelet)
+            except PinnedElsewhere as exc:
+                if time.monotonic() >= deadline:
+                    if cfg.pinned_wait_ms:
+                        exc.msg = f"{exc.msg} (waited {cfg.pinned_wait_ms} ms for its DEL)"
+                        exc.args = (exc.msg,)
+                    raise
+                log.info("ADD %s/%s waits: %s", req.container_id, req.ifname, exc.msg)
+                time.sleep(PINNED_LOOK_S)
 
     def _write_ahead(
         self, req: Request, cfg: MacvlanConfig, state: NodeState, fp: tx.Failpoints, host: Any, pod: Any,

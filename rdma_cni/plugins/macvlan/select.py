@@ -52,6 +52,14 @@ def aliases(sysfs_root: str, netdev: str, rdma_device: str | None) -> set[str]:
     return names
 
 
+class PinnedElsewhere(CniError):
+    """A bond the device IDs name (kubelet's allocation for this pod) is still pinned to another
+    container: error 11, but one that usually clears in seconds (:func:`.plugin` waits for it)."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(TRY_AGAIN_LATER, msg)
+
+
 def is_opaque(dev_id: str) -> bool:
     """A shared device plugin's virtual ID (Mellanox's ``0``…``N-1``, our shared pool's): it says
     how many bonds, not which. Every other ID names a device, and must name one of this network's
@@ -85,7 +93,7 @@ def choose_bonds(
     for bond in wanted:
         holder = pins.get(bond)
         if holder is not None and holder != me:
-            raise CniError(TRY_AGAIN_LATER, f"{bond} is pinned to {_who(holder)}; {describe_pins(pins)}")
+            raise PinnedElsewhere(f"{bond} is pinned to {_who(holder)}; {describe_pins(pins)}")
         why = usable(bond)
         if why:
             raise CniError(TRY_AGAIN_LATER, f"{bond} cannot be given out now: {why}")
