@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from rdma_cni.agent import namespaces, prefault, worker
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry
+from rdma_cni.kube.sockets import socket_inode
 from rdma_cni.net.rtnl import light_pyroute2
 
 log = logging.getLogger("rdma-agent")
@@ -527,7 +528,7 @@ class Agent:
             self._metrics_pid = 0
         if self._listener is not None:
             try:
-                if self._inode is not None and _socket_inode(self.config.socket_path) == self._inode:
+                if self._inode is not None and socket_inode(self.config.socket_path) == self._inode:
                     _unlink(self.config.socket_path)
             finally:
                 self._listener.close()
@@ -593,13 +594,6 @@ def _how(status: int) -> str:
     if os.WIFSIGNALED(status):
         return f"signal {os.WTERMSIG(status)}"
     return f"exit {os.waitstatus_to_exitcode(status)}"
-
-
-def _socket_inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
 
 
 def _drain(fd: int) -> None:

@@ -53,7 +53,6 @@ import os
 import re
 import signal
 import socket
-import stat
 import sys
 import threading
 import time
@@ -65,6 +64,7 @@ from typing import NoReturn
 
 import grpc
 
+from rdma_cni.kube.sockets import socket_inode
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from rdma_cni.sim import tree as sim_tree
@@ -302,15 +302,6 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, text: str) -> N
 
 
 # --------------------------------------------------------------------------- lifecycle
-
-
-def socket_inode(path: str) -> int | None:
-    """The inode of the unix socket at ``path``; None when there is none (or something else is there)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return st.st_ino if stat.S_ISSOCK(st.st_mode) else None
 
 
 def remove_stale_sockets(directory: str, base: str) -> list[str]:
