@@ -101,16 +101,7 @@ def test_c_client_worker_killed_mid_add_answers_try_again_later(
     env = dict(
         cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=agent.sock, RDMA_CNI_FALLBACK=str(c_client / "fallback.sh")
     )
-    proc = subprocess.Popen(
-        [str(c_client / "probe")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(probe_conf("0.4.0", sleep=5, startedFile=str(started)))
-    proc.stdin.close()
+    proc = start_c(c_client, env, probe_conf("0.4.0", sleep=5, startedFile=str(started)))
     os.kill(int(str(read_json(started)["pid"])), signal.SIGKILL)
     assert proc.stdout is not None
     out = proc.stdout.read()
@@ -127,11 +118,7 @@ def test_c_client_agent_and_workers_killed_mid_add_runs_the_add_in_process(
         cni_env("ADD"), RDMA_CNI_AGENT_SOCKET=agent.sock, RDMA_CNI_FALLBACK=str(c_client / "fallback.sh")
     )
     stdin = probe_conf("0.4.0", sleep=5, startedFile=str(started))
-    proc = subprocess.Popen([str(c_client / "probe")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)  # fmt: skip
-    assert proc.stdin is not None
-    proc.stdin.write(stdin)
-    proc.stdin.close()
+    proc = start_c(c_client, env, stdin)
     worker = int(str(read_json(started)["pid"]))
     for pid in (agent.pid, worker):  # the runtime kills the container's processes together
         with contextlib.suppress(ProcessLookupError):
@@ -141,6 +128,16 @@ def test_c_client_agent_and_workers_killed_mid_add_runs_the_add_in_process(
     assert proc.wait(timeout=30) == 42, out + err
     assert out.decode() == f"fallback agent=off argv0={c_client / 'fallback.sh'} stdin=" + stdin.decode()
     assert b"died during ADD, its workers with it" in err
+
+
+def start_c(c_client: Path, env: dict[str, str], stdin: bytes) -> subprocess.Popen[bytes]:
+    """The C client called as rdma-cni's probe plugin, its stdin written and closed, not waited for."""
+    proc = subprocess.Popen([str(c_client / "probe")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    return proc
 
 
 def test_c_client_in_a_bundle_falls_back_to_the_bundle_program_by_its_own_name(tmp_path: Path) -> None:

@@ -222,15 +222,10 @@ def test_agent_down_the_client_runs_the_plugin_in_process_with_the_same_result(
 def test_agent_killed_mid_add_the_call_completes_and_del_restores(
     n: Node, agent: Agent, c_client: Path
 ) -> None:
-    import fcntl
-
     before = n.snapshot()
     pod = n.pod()
     conf = n.config(masters=["bond0"])
-    os.makedirs(n.data_dir, mode=0o700, exist_ok=True)
-    lock = os.open(os.path.join(n.data_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # holds the worker at the plugin's node lock, mid-call
-    try:
+    with node_lock_held(n):
         env = n.env(
             "ADD", pod, "c1", "net1", {"RDMA_CNI_AGENT_SOCKET": agent.sock, "RDMA_CNI_FALLBACK": "/bin/false"}
         )
@@ -238,8 +233,6 @@ def test_agent_killed_mid_add_the_call_completes_and_del_restores(
         time.sleep(1.0)  # connected, GO sent, worker blocked on the lock
         os.kill(agent.proc.pid, signal.SIGKILL)
         agent.proc.wait()
-    finally:
-        os.close(lock)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
     assert "198.51.100.2/28" in out.decode()
@@ -256,27 +249,19 @@ def test_agent_dying_with_its_workers_mid_add_the_add_runs_again_in_process(
     with it. The ADD a worker was running is then run again in-process at once (undoing what the
     dead worker recorded first), instead of failing with 11 and waiting for kubelet's retry (17 s on
     the test cluster under upstream Multus)."""
-    import fcntl
-
     before = n.snapshot()
     pod = n.pod()
     conf = n.config(masters=["bond0"])
-    os.makedirs(n.data_dir, mode=0o700, exist_ok=True)
-    lock = os.open(os.path.join(n.data_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # holds the worker at the plugin's node lock, mid-call
-    try:
+    with node_lock_held(n) as inode:
         fallback = str(c_client / "cold-rdma-macvlan")
         extra = {"RDMA_CNI_AGENT_SOCKET": agent.sock, "RDMA_CNI_FALLBACK": fallback}
         env = n.env("ADD", pod, "c1", "net1", extra)
         proc = start_client(n, c_client, env, conf)
-        inode = os.fstat(lock).st_ino
         assert wait_for(lambda: _waits_for_lock(inode), 60), "no worker reached the node lock"
         for pid in [agent.proc.pid, *worker_pids(agent)]:  # what the runtime does when PID 1 dies
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         agent.proc.wait()
-    finally:
-        os.close(lock)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     assert b"died during ADD, its workers with it: running the call in-process" in err
@@ -284,6 +269,21 @@ def test_agent_dying_with_its_workers_mid_add_the_add_runs_again_in_process(
     assert n.ping(pod, "198.51.100.1", "bond0")
     assert cold(n, "DEL", conf, pod).code == 0
     assert n.snapshot() == before and n.state_files() == []
+
+
+@contextlib.contextmanager
+def node_lock_held(n: Node) -> Iterator[int]:
+    """Hold the plugin's node lock, so that a worker's ADD stops there, mid-call; yields the lock
+    file's inode (what /proc/locks names it by)."""
+    import fcntl
+
+    os.makedirs(n.data_dir, mode=0o700, exist_ok=True)
+    lock = os.open(os.path.join(n.data_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield os.fstat(lock).st_ino
+    finally:
+        os.close(lock)
 
 
 def _waits_for_lock(inode: int) -> bool:
