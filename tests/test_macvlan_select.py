@@ -55,7 +55,11 @@ def test_aliases_cover_netdev_rdma_device_and_pci_of_lowers(tmp_path: Path) -> N
     assert aliases(root, "bond1", "mlx5_bond_1") == {"bond1", "mlx5_bond_1", "0000:3b:01.0", "0000:3b:01.1"}
 
 
-@pytest.mark.parametrize("dev_id", ["bond1", "mlx5_bond_1", "0000:3b:01.1", "0000:3b:01.0"])
+CLAIM_UID = "5b0f9c3e-2d41-4c8a-9e1f-0a6b7c8d9e10"
+
+
+@pytest.mark.parametrize("dev_id", ["bond1", "mlx5_bond_1", "0000:3b:01.1", "0000:3b:01.0",
+                                    f"{CLAIM_UID}-mlx5_bond_1"])
 def test_a_device_id_names_its_bond(tmp_path: Path, dev_id: str) -> None:
     assert choose(sysfs(tmp_path), req(deviceID=dev_id)) == ["bond1"]
 
@@ -168,3 +172,11 @@ def test_a_device_id_naming_no_bond_of_the_network_is_error_7(tmp_path: Path) ->
     msg = err.value.msg
     assert "device ID 'mlx5_bond_7' names no bond of this network on this node" in msg, msg
     assert "bond0: 0000:3b:00.0, 0000:3b:00.1, mlx5_bond_0" in msg and "resourceName" in msg, msg
+
+
+def test_a_claims_cdi_device_naming_another_nodes_bond_is_error_7(tmp_path: Path) -> None:
+    """Multus v4.2.x passes a DRA claim's CDI device name (its part after "="): ``<uid>-<device>``
+    names the bond by its RDMA device, and one that names no bond here is refused like any other."""
+    with pytest.raises(CniError) as err:
+        choose(sysfs(tmp_path), req(deviceID=f"{CLAIM_UID}-mlx5_bond_7"))
+    assert err.value.code == 7 and f"device ID '{CLAIM_UID}-mlx5_bond_7' names no bond" in err.value.msg

@@ -1,14 +1,16 @@
 """Which bonds an attachment gets: named by device IDs, or ``count`` free ones from ``masters``.
 
 A device ID from a device plugin may be a netdev name (``bond3``), an RDMA device name
-(``mlx5_bond_3``) or a PCI address (``0000:3b:00.0`` — of the bond's lower NIC or of the RDMA
-device); anything else (the ``0``, ``1``… a shared device plugin hands out) is opaque and only says
-how many bonds to give. Runs under the node lock, so "free" cannot change underneath.
+(``mlx5_bond_3``), a PCI address (``0000:3b:00.0`` — of the bond's lower NIC or of the RDMA
+device) or a DRA claim's CDI device name (``<claim uid>-mlx5_bond_3``); anything else (the ``0``,
+``1``… a shared device plugin hands out) is opaque and only says how many bonds to give. Runs
+under the node lock, so "free" cannot change underneath.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +67,18 @@ def is_opaque(dev_id: str) -> bool:
     how many bonds, not which. Every other ID names a device, and must name one of this network's
     bonds."""
     return dev_id.isdigit()
+
+
+# A claim's device as our DRA driver names it in its CDI spec (``<claim uid>-<RDMA device>``,
+# :func:`rdma_cni.devices.cdi.device_ids`): what Multus v4.2.x passes as deviceID for a claim, the
+# part of the CDI ID after "=" that it reads from PodResources' DynamicResources.
+_CLAIM_DEVICE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-(.+)")
+
+
+def claim_device(dev_id: str) -> str | None:
+    """The RDMA device a claim's CDI device name carries, or None when ``dev_id`` is not one."""
+    m = _CLAIM_DEVICE.fullmatch(dev_id)
+    return m.group(1) if m else None
 
 
 def choose_bonds(
@@ -130,7 +144,7 @@ def _named_bonds(ids: Sequence[str], alias_map: Mapping[str, set[str]]) -> tuple
     wanted: list[str] = []
     opaque = 0
     for dev_id in ids:
-        match = [m for m, names in alias_map.items() if dev_id in names]
+        match = [m for m, names in alias_map.items() if dev_id in names or claim_device(dev_id) in names]
         if match:
             wanted.append(match[0])
         elif is_opaque(dev_id):
