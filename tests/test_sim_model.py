@@ -179,3 +179,18 @@ def test_comparable_form_hides_link_local_values() -> None:
     assert model.comparable(snap) == {
         "d/1": [(0, "ipv6 link-local", "RoCE v2", "bond0"), (1, "ipv4 198.51.100.2", "RoCE v2", "net1")]
     }
+
+
+def test_removing_an_absent_entry_changes_nothing() -> None:
+    """A queued RTM_DELADDR whose entry the node already removed (sim.node settles a netns read
+    whole against deletions still queued) is a no-op, and never touches the same GID's other owner."""
+    t = host_table()
+    t.add(V4, POD)
+    before = t.entries()
+    assert t.remove(sysfs.gid_for_ip("198.51.100.99"), BOND) == []
+    assert t.remove(V4, Owner(9, 9)) == []
+    assert t.remove(V4, BOND) == [1]
+    assert t.remove(V4, BOND) == []
+    assert t.entries() == [e for e in before if e[0] != 1]
+    assert t.remove(default_gid(MAC), BOND) == []  # the default GID is not an address's entry
+    assert index_of(t, V4, POD) == 2

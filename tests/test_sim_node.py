@@ -385,3 +385,140 @@ def test_a_node_opened_in_one_thread_refuses_to_process_in_another(lab: Lab) -> 
     assert [type(e) for e in seen] == [RuntimeError, RuntimeError]
     assert all("thread that did not open it" in str(e) for e in seen)
     assert node.errors == 0
+
+
+# --- a pod netns read whole while events that happened before the read are still queued ----------
+# rdma-macvlan's ADD (plugins/macvlan/tx.py add_bond) in its order: macvlan created in the pod netns
+# under a temp name, renamed with addrgen off (link down), the bond's address deleted, then added to
+# the pod interface. On a kernel the pod's GID takes the slot the bond's just freed: 2/3 on mlx5.
+MOVED_V2 = 3  # the RoCE v2 index of the bond's IPv4 on the mlx5 layout, before and after the move
+
+
+def plug(lab: Lab, pod: str) -> None:
+    """The ADD's first two steps: ``link-created`` and ``link-configured``."""
+    lab.macvlan(pod)
+    ip("-n", pod, "link", "set", "net1", "addrgenmode", "none")
+
+
+def move(lab: Lab, pod: str) -> None:
+    """The ADD's ``addresses-removed`` and ``addresses-added``."""
+    ip("-n", lab.node, "addr", "del", f"{HOST_IP}/24", "dev", "bond0")
+    ip("-n", pod, "addr", "add", f"{HOST_IP}/24", "dev", "net1")
+
+
+def v2_rows(lab: Lab) -> list[tuple[int, str, str]]:
+    rows = table_snapshot(lab.root)["mlx5_bond_0/1"]
+    return [(r["index"], r["gid"], r["ndev"]) for r in rows if r["type"] == "RoCE v2"]
+
+
+def test_a_pod_netns_read_whole_before_the_bonds_deladdr_is_drained_gets_the_freed_slot(lab: Lab) -> None:
+    """The chaos runs' bond IP at 4/5 (once per ~200 pods): process() had drained its queue, the ADD
+    moved the address, then process()'s scan_pods() found the pod netns and read it whole while the
+    bond's RTM_DELADDR was still queued, so the pod's GID went past the bond's still-held 2/3."""
+    with lab.sim(gid_types=MLX5_TYPES) as node:
+        node.process()
+        assert lab.index(HOST_IP) == MOVED_V2
+        pod = lab.pod(1)  # the runtime made it; the ADD runs before the node's next scan
+        plug(lab, pod)
+        move(lab, pod)
+        node.scan_pods()  # the scan at the end of a process() whose drain ended just before the move
+        assert lab.index(HOST_IP, ndev="net1") == MOVED_V2
+        node.process()  # the queued DELADDR of the bond: already applied, changes nothing
+        assert lab.index(HOST_IP, ndev="net1") == MOVED_V2
+        ip("-n", pod, "link", "set", "net1", "up")
+        node.process()
+    assert [(i, n) for i, _, n in v2_rows(lab)] == [(1, "bond0"), (MOVED_V2, "net1")]
+
+
+def test_a_move_between_the_scans_drain_and_its_read_still_gives_the_freed_slot(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same move made after the scan applied the queue (and gave the netns its nsid) but before
+    it read the netns: the bond's DELADDR and the pod's NEWADDR are queued, the read shows the
+    address in the pod. The bond's entry whose address is gone is removed before the read is added."""
+    with lab.sim(gid_types=MLX5_TYPES) as node:
+        node.process()
+        pod = lab.pod(1)
+        plug(lab, pod)
+        links = node._links
+        moved: list[int | None] = []
+
+        def links_after_the_move(nsid: int | None) -> object:
+            if nsid is not None and not moved:
+                move(lab, pod)
+                moved.append(nsid)
+            return links(nsid)
+
+        monkeypatch.setattr(node, "_links", links_after_the_move)
+        node.scan_pods()
+        assert moved and lab.index(HOST_IP, ndev="net1") == MOVED_V2
+        node.process()  # the queued DELADDR (a no-op now) and the pod's NEWADDR (already there)
+    assert [(i, n) for i, _, n in v2_rows(lab)] == [(1, "bond0"), (MOVED_V2, "net1")]
+
+
+def test_an_event_from_an_unknown_nsid_mid_drain_does_not_read_the_netns_before_the_rest(lab: Lab) -> None:
+    """The pod netns already has an nsid the node has not registered (given by someone else, or a
+    netns the node forgot): its first event used to trigger a scan in the middle of the drain, which
+    read it whole while the bond's DELADDR queued behind that event was not applied yet."""
+    with lab.sim(gid_types=MLX5_TYPES) as node:
+        node.process()
+        pod = lab.pod(1)
+        ip("-n", lab.node, "netns", "set", pod, "77")
+        plug(lab, pod)  # RTM_NEWLINK from nsid 77, queued before the bond's DELADDR
+        move(lab, pod)
+        node.process()
+        assert 77 in node.pods
+    assert [(i, n) for i, _, n in v2_rows(lab)] == [(1, "bond0"), (MOVED_V2, "net1")]
+
+
+def test_a_pod_netns_gone_from_the_scan_is_forgotten_before_a_new_one_is_read(lab: Lab) -> None:
+    """One scan sees a pod netns's path gone and a new pod netns: the old one's GIDs leave first (its
+    deletion was seen before the new one was read), so the new pod's address takes the freed slot.
+    The test holds the old netns open so that its RTM_DELNSID does not come first by itself."""
+    with lab.sim(gid_types=MLX5_TYPES) as node:
+        old = lab.pod(1)
+        node.process()
+        lab.macvlan(old)
+        ip("-n", old, "addr", "add", "198.51.100.70/24", "dev", "net1")
+        node.process()
+        assert lab.index("198.51.100.70") == 5
+        fd = os.open(f"/run/netns/{old}", os.O_RDONLY)
+        try:
+            ip("netns", "del", old)
+            lab.pods.remove(old)
+            new = lab.pod(2)
+            lab.macvlan(new)
+            ip("-n", new, "addr", "add", "198.51.100.71/24", "dev", "net1")
+            node.process()
+            assert (lab.index("198.51.100.70"), lab.index("198.51.100.71")) == (None, 5)
+        finally:
+            os.close(fd)
+
+
+def test_a_pod_netns_that_cannot_be_opened_for_one_scan_keeps_its_gids(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its path is still there (the same netns): a failed open (EMFILE, ENOMEM) is no deletion. Once
+    forgotten, the pod's GIDs were dropped and the netns read whole again later, at a new slot."""
+    from rdma_cni.net.netns import NetnsUnavailable, open_netns
+
+    with lab.sim(gid_types=MLX5_TYPES) as node:
+        node.process()
+        pod = lab.pod(1)
+        node.process()
+        plug(lab, pod)
+        move(lab, pod)
+        node.process()
+        before = v2_rows(lab)
+        assert (lab.index(HOST_IP, ndev="net1"), len(node.pods)) == (MOVED_V2, 1)
+        def busy(path: str) -> object:
+            if path == f"/run/netns/{pod}":
+                raise NetnsUnavailable(path, "cannot be opened: Too many open files", gone=True)
+            return open_netns(path)
+
+        monkeypatch.setattr("rdma_cni.sim.node.open_netns", busy)
+        node.scan_pods()
+        monkeypatch.setattr("rdma_cni.sim.node.open_netns", open_netns)
+        assert len(node.pods) == 1 and v2_rows(lab) == before
+        node.process()
+    assert v2_rows(lab) == before
