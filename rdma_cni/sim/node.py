@@ -12,6 +12,10 @@ nsid in the node netns for that. Pod namespaces are never held open (a held fd o
 a deleted netns and its macvlan alive, unlike on a real node); a pod netns whose path disappears is
 treated as deleted, as the kernel does a few tens of ms after ``ip netns del``.
 
+A pod netns found after its first changes (the runtime made it and the ADD ran before the next scan)
+is read whole: its earlier events were never delivered. Its state is applied at the point of the
+stream where it was read, after every event that happened before the read (see :meth:`SimNode._settle`).
+
 Usage (in-process, deterministic: process() after each step)::
 
     with SimNode(root, [SimBond("bond0", "mlx5_bond_0")], node_netns="/run/netns/h3-node",
@@ -274,8 +278,14 @@ class SimNode:
                     )
                     gid = tree.default_gid(link.get_attr("IFLA_ADDRESS"))
                     self._write(name, self.tables[name].set_default(gid, Owner(None, link["index"])))
-        for owner, bond in fresh:  # after the default GID, so the bond's own link-local is not doubled
-            self._add_existing(owner, bond)
+        # After the default GID, so the bond's own link-local is not doubled; a netns read whole is
+        # first settled against deletions that happened before the read but are still queued.
+        reads = [(owner, bond, self._read_addresses(owner)) for owner, bond in fresh]
+        if reads and self._pending():
+            self._settle({bond for _, bond, _ in reads}, {owner for owner, _, _ in reads})
+        for owner, bond, ips in reads:
+            for ip in ips:
+                self._write(bond, self.tables[bond].add(gid_for_ip(ip), owner))
         for owner, bond in came_up:
             # The kernel adds the link-local (tentative) inside the `ip link set up` call and the RoCE
             # core takes its GID right then; its RTM_NEWADDR only follows after DAD, a second later.
@@ -298,15 +308,66 @@ class SimNode:
         v6 = [m for m in addrs if ":" in (_address(m) or "")]
         return [ip for ip in map(_address, sorted(v4 + v6[::-1], key=_created)) if ip]
 
-    def _add_existing(self, owner: Owner, bond: str, only_link_local: bool = False) -> None:
+    def _read_addresses(self, owner: Owner) -> list[str]:
         try:
-            ips = self._addresses(owner)
+            return self._addresses(owner)
         except (OSError, NetnsUnavailable, NetlinkError) as e:  # its netns is being deleted: scan drops it
             log.debug("addresses of %s unreadable: %s", owner, e)
-            return
-        for ip in ips:  # in the order they appeared (_addresses)
+            return []
+
+    def _add_existing(self, owner: Owner, bond: str, only_link_local: bool = False) -> None:
+        for ip in self._read_addresses(owner):  # in the order they appeared (_addresses)
             if not only_link_local or ipaddress.ip_address(ip).is_link_local:
                 self._write(bond, self.tables[bond].add(gid_for_ip(ip), owner))
+
+    def _pending(self) -> bool:
+        """True when events wait in the socket (a read made now may be ahead of them)."""
+        assert self.sock is not None
+        try:
+            self.sock.recv(16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:  # ENOBUFS: events were lost; settle rather than trust the queue
+            return True
+        return True
+
+    def _settle(self, bonds: set[str], fresh: set[Owner]) -> None:
+        """Before a netns read whole is added: drop every entry on ``bonds`` whose owner (other than
+        the ``fresh`` ones being read) no longer holds its address; its RTM_DELADDR (or RTM_DELLINK)
+        is still queued and becomes a no-op (:meth:`PortTable.remove` of an absent entry).
+
+        Why: the netns's own earlier events were never delivered, so where its addresses belong in
+        the stream is unknown. The node applies them where the read was taken — after every event
+        that happened before it, before every later one. That is what the kernel holds for the
+        product's order (the bond's address deleted, then added to the pod interface: the pod's GID
+        takes the freed slot, 2/3 on mlx5) and for any order in which the pod's addresses came last.
+        No reading can be right for an order whose events were lost — the pod's address added
+        *before* the bond's deletion (V3), found late, got the next slot on the kernel and gets the
+        freed one here — and the old behaviour was not right for it either, only by chance.
+
+        Two parts, because neither suffices alone: the scan drains the queue before reading a new
+        netns (exact, in order, for everything queued by then, additions too); events that happen
+        between that drain and the read stay queued behind it, and a deletion among them would
+        leave its entry holding the slot the read's address must take — the chaos runs' bond IP GID
+        at 4/5 instead of 2/3. Those deletions are found by liveness, checked *after* the read: a
+        deletion between the read and the check is applied early, which only differs from the
+        kernel for the add-before-delete orders above. Additions in that window keep their queued
+        place, after the read (a concurrent address add on the same bond in a few ms; not settled).
+        """
+        for owner, (bond, _) in list(self.owners.items()):
+            if bond not in bonds or owner in fresh:
+                continue
+            table = self.tables[bond]
+            held = {s.gid for _, s in table.entries() if s.owner == owner and not s.default}
+            if not held:
+                continue
+            try:
+                live = {gid_for_ip(ip) for ip in self._addresses(owner)}
+            except (OSError, NetnsUnavailable, NetlinkError) as e:  # its netns is dying: its events drop it
+                log.debug("addresses of %s unreadable: %s", owner, e)
+                continue
+            for gid in held - live:
+                self._write(bond, table.remove(gid, owner))
 
     def _drop(self, owner: Owner) -> None:
         bond, _ = self.owners.pop(owner)
@@ -323,7 +384,15 @@ class SimNode:
         return None if nsid in NSID_UNSET else int(nsid)
 
     def scan_pods(self) -> None:
-        """Find new pod namespaces (read them whole) and forget deleted ones (drop their GIDs)."""
+        """Find new pod namespaces (read them whole) and forget deleted ones (drop their GIDs).
+
+        In the order a kernel would have seen it: deleted ones are forgotten first (their paths were
+        gone before the new ones were read), then the new ones get their nsid, the queue is drained
+        (every event that happened before the reads, in order; a new netns's own events are skipped,
+        the read shows them) and only then are they read (:meth:`_settle`). A known pod netns that
+        cannot be opened for a moment (EMFILE, ENOMEM) but whose path still is that netns is kept:
+        forgetting it would drop its GIDs and read it whole again later, at other slots.
+        """
         if not self.pods_dir:
             return
         try:
@@ -332,6 +401,7 @@ class SimNode:
             names = []
         assert self.node is not None
         live: dict[str, int] = {}
+        new: list[str] = []
         for name in names:
             path = os.path.join(self.pods_dir, name)
             try:
@@ -339,19 +409,43 @@ class SimNode:
                     if ns.inode == self.node.inode:
                         continue
                     live[path] = ns.inode
-                    if any(p.path == path and p.inode == ns.inode for p in self.pods.values()):
-                        continue
-                    nsid = self._nsid_of(ns)
-            except (OSError, NetnsUnavailable, NetlinkError) as e:  # being created/removed: next scan
-                log.debug("pod netns %s not usable yet: %s", path, e)
+            except (OSError, NetnsUnavailable) as e:  # being created/removed: next scan
+                inode = self._known_inode(path)
+                if inode is not None:
+                    live[path] = inode
+                log.debug("pod netns %s not usable%s: %s", path, " now (kept)" if inode else " yet", e)
                 continue
-            if nsid is None:
-                continue
-            self.pods[nsid] = PodNetns(path, live[path], nsid)
-            self._refresh_links(nsid, with_addresses=True)
+            if not any(p.path == path and p.inode == live[path] for p in self.pods.values()):
+                new.append(path)
         for nsid, pod in list(self.pods.items()):
             if live.get(pod.path) != pod.inode:  # path gone (or reused): the netns is being deleted
                 self._forget_pod(nsid)
+        found: list[PodNetns] = []
+        for path in new:
+            try:
+                with open_netns(path) as ns:
+                    if ns.inode != live[path]:
+                        continue  # replaced since: the next scan
+                    got = self._nsid_of(ns)
+            except (OSError, NetnsUnavailable, NetlinkError) as e:  # being created/removed: next scan
+                log.debug("pod netns %s not usable yet: %s", path, e)
+                continue
+            if got is not None:
+                found.append(PodNetns(path, live[path], got))
+        if not found:
+            return
+        self._drain()  # after the nsids: the new netns's events from here on are in the queue
+        for pod in found:
+            self.pods[pod.nsid] = pod
+            self._refresh_links(pod.nsid, with_addresses=True)
+
+    def _known_inode(self, path: str) -> int | None:
+        """The inode of a known pod netns still mounted at ``path`` (None when gone or replaced)."""
+        try:
+            inode = os.stat(path).st_ino
+        except OSError:
+            return None
+        return inode if any(p.path == path and p.inode == inode for p in self.pods.values()) else None
 
     # --- events -----------------------------------------------------------------------------------
     def _recv(self) -> Iterator[tuple[int | None, bytes]]:
@@ -379,7 +473,9 @@ class SimNode:
             self._netns_died(msg)
             return
         if nsid is not None and nsid not in self.pods:
-            self.scan_pods()  # an event from a netns we have not read yet: read it now
+            # A netns not read yet (or forgotten): the scan after this drain reads it whole, and the
+            # read shows this event. Not read here: the events queued behind this one happened before
+            # such a read and would be applied after it (a bond's DELADDR after the pod's address).
             return
         if mtype in (RTM_NEWLINK, RTM_DELLINK):
             index, flags = struct.unpack_from("=iI", msg, 20)  # ifinfomsg: family, pad, type | index, flags
@@ -426,9 +522,12 @@ class SimNode:
         self._check_thread()
         if timeout > 0:
             select.select([self.sock], [], [], timeout)
+        self._drain()
+        self.scan_pods()
+
+    def _drain(self) -> None:
         for nsid, msg in self._recv():
             self._apply(nsid, msg)
-        self.scan_pods()
 
     def _check_thread(self) -> None:
         if self.thread != threading.get_ident():
