@@ -11,6 +11,10 @@ logs a header or a key: the token only ever goes into the request it authorises.
     pod = client.get_pod("default", "ibv-app-0")     # None when the pod does not exist
     client.patch_pod_annotations("default", "ibv-app-0", {"k8s.v1.cni.cncf.io/network-status": "[...]"})
     nad = client.get_network_attachment_definition("default", "rdma-net")   # the object, or None
+
+A watch (:meth:`PodClient._watch`) is one long GET whose answer is a stream of events, one JSON object
+a line; it is not retried here: whoever watches decides what a closed or refused stream means (re-watch,
+relist, back off).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import http.client
 import json
 import logging
 import os
+import socket
 import ssl
+import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 from rdma_cni import __version__
@@ -32,6 +39,63 @@ from rdma_cni.kube.pod import Pod
 log = logging.getLogger("rdma_cni.kube")
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class WatchRefused(CniError):
+    """The API server answered a watch with ``status`` instead of a stream (410: the resourceVersion
+    is too old, list again)."""
+
+    def __init__(self, status: int, msg: str) -> None:
+        super().__init__(KUBE_API_FAILURE, msg)
+        self.status = status
+
+
+class EventStream:
+    """One open watch: iterating yields each event (``{"type": ..., "object": ...}``) until the server
+    ends the stream, and then frees the connection; :meth:`close`, from any thread, ends the iteration
+    at once (a driver stopping does not wait for the server's timeout)."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        self._conn = conn
+        self._resp = resp
+        self._closed = threading.Event()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        try:
+            while not self._closed.is_set():
+                try:
+                    line = self._resp.readline()
+                except (OSError, http.client.HTTPException, ValueError) as exc:
+                    if self._closed.is_set():  # close() shut the socket under the read
+                        return
+                    raise CniError(KUBE_API_FAILURE, f"Kubernetes API watch lost: {type(exc).__name__}: "
+                                                     f"{exc}") from exc
+                if not line:
+                    return
+                if line.strip():
+                    try:
+                        event = json.loads(line)
+                    except ValueError as exc:
+                        raise CniError(KUBE_API_FAILURE,
+                                       "Kubernetes API sent an invalid watch event") from exc
+                    if isinstance(event, dict):
+                        yield event
+        finally:
+            # Only the reading thread frees the connection: freed under a read, http.client's
+            # response would fail in ways of its own instead of seeing the end of the stream.
+            self._closed.set()
+            self._conn.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        sock = self._conn.sock
+        if sock is not None:
+            # The plain socket's shutdown, not SSLSocket's: that one drops its TLS object, which the
+            # reading thread may be inside; this only wakes that read with an end of stream.
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class PodClient:
@@ -190,25 +254,56 @@ class PodClient:
             f"within {self.timeout:g}s: {last or 'timed out'}",
         )
 
-    def _request(
-        self, method: str, path: str, timeout: float, body: bytes | None, content_type: str
-    ) -> tuple[int, bytes]:
+    def _watch(self, path: str, idle_timeout: float) -> EventStream:
+        """Open the watch ``path`` (its query has ``watch=1``): connected within the client's
+        ``timeout``, then each read may wait ``idle_timeout`` (longer than the server's
+        ``timeoutSeconds``: a server that went silent without closing is a lost stream, not a hang).
+        Raises :class:`WatchRefused` for any answer but 200, :class:`CniError` when unreachable."""
+        conn = self._connection(self.timeout)
+        try:
+            conn.request("GET", self._url_path(path), headers=self._headers(""))
+            resp = conn.getresponse()
+            if resp.status != 200:
+                body = resp.read()
+                raise WatchRefused(resp.status, _answer_text(f"Kubernetes API answered {resp.status} to the "
+                                                              f"watch {path.split('?')[0]}", body))
+            if conn.sock is not None:
+                conn.sock.settimeout(idle_timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise CniError(KUBE_API_FAILURE, f"Kubernetes API {self.config.server} watch failed: "
+                                             f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        return EventStream(conn, resp)
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
         url = urllib.parse.urlsplit(self.config.server)
-        conn: http.client.HTTPConnection
         if url.scheme == "https":
-            conn = http.client.HTTPSConnection(
+            return http.client.HTTPSConnection(
                 url.hostname or "", url.port or 443, timeout=timeout, context=self._context()
             )
-        else:
-            conn = http.client.HTTPConnection(url.hostname or "", url.port or 80, timeout=timeout)
+        return http.client.HTTPConnection(url.hostname or "", url.port or 80, timeout=timeout)
+
+    def _url_path(self, path: str) -> str:
+        return urllib.parse.urlsplit(self.config.server).path.rstrip("/") + path
+
+    def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": self.USER_AGENT}
         if content_type:
             headers["Content-Type"] = content_type
         token = self.config.bearer_token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _request(
+        self, method: str, path: str, timeout: float, body: bytes | None, content_type: str
+    ) -> tuple[int, bytes]:
+        conn = self._connection(timeout)
         try:
-            conn.request(method, url.path.rstrip("/") + path, body=body, headers=headers)
+            conn.request(method, self._url_path(path), body=body, headers=self._headers(content_type))
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:
@@ -218,6 +313,15 @@ class PodClient:
         if self._ssl is None:
             self._ssl = tls_context(self.config)
         return self._ssl
+
+
+def _answer_text(prefix: str, body: bytes) -> str:
+    """``prefix``, and the ``message`` of the ``Status`` the server answered with, when it is one."""
+    try:
+        message = str(json.loads(body).get("message", ""))
+    except (ValueError, AttributeError):
+        message = ""
+    return prefix + (f": {message}" if message else "")
 
 
 def _invalid_fields(answer: bytes) -> set[str]:
