@@ -5,21 +5,33 @@ driver calls of ``resource.k8s.io/v1`` and the core API:
 - ``GET .../namespaces/{ns}/resourceclaims/{name}``: the claims added with :meth:`DraApi.add_claim`;
 - ``GET /api/v1/nodes/{name}``: a Node with a uid;
 - ``GET/POST /apis/resource.k8s.io/v1/resourceslices`` (the list filtered by the ``spec.nodeName`` and
-  ``spec.driver`` field selectors), ``PUT``/``DELETE .../resourceslices/{name}`` with resourceVersion
-  checks (409 on a stale one, as the real server), 409 on a POST of an existing name.
+  ``spec.driver`` field selectors, with the list's resourceVersion), ``PUT``/``DELETE
+  .../resourceslices/{name}`` with resourceVersion checks (409 on a stale one, as the real server), 409
+  on a POST of an existing name; a DELETE answers the object at the deletion's version, as etcd3's
+  store does;
+- ``GET .../resourceslices?watch=1``: a chunked stream of the events after ``resourceVersion`` that
+  match the field selectors, then each new one, a ``BOOKMARK`` every ``bookmark_s`` when asked for,
+  ended after ``timeoutSeconds`` (or ``watch_timeout_s``, or :meth:`end_watches`); a version older than
+  the last :meth:`compact` is kube-apiserver's ``ERROR`` event with a 410 ``Expired`` Status (an HTTP
+  410 with ``gone_as_status``). Writes by "someone else" (kubelet's wipe: :meth:`delete_node_slices`)
+  go through the same event log without being a request of the driver's.
 
     with Pki(tmp) as pki, DraApi(pki, netns=node) as api:
         claim = api.add_claim("default", "nics", [("nic", "bond0"), ("nic", "bond1")], node="node-a")
+        api.driver_calls()    # the requests that were not watches
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from kube_server import KubeServer, Pki, _handler_for, _status, _TlsServer, in_netns
@@ -47,6 +59,69 @@ class DraApi(KubeServer):
         self.node_uid = str(uuid.uuid4())
         self._version = 100
         self.slice_writes: list[tuple[str, str]] = []  # (method, name)
+        self.events: list[tuple[int, str, dict[str, Any]]] = []  # (resourceVersion, type, object)
+        self._compacted = 0  # watches from a version below this are told 410
+        self._watch_epoch = 0  # raised by end_watches: every open watch ends
+        self._changed = threading.Condition(self._lock)
+        self.watch_timeout_s: float | None = None  # ends every watch this soon, whatever it asked for
+        self.bookmark_s: float | None = None
+        self.gone_as_status = False
+        self.wipe_after_create = False  # kubelet's background wipe lands right after the next POST
+        self.open_watches = 0
+        self.bookmarks_sent: list[str] = []
+        self._closing = False
+
+    def driver_calls(self) -> list[dict[str, Any]]:
+        """The requests that were not watches: what the idle cost is counted in."""
+        return [r for r in self.requests if "watch=1" not in r["path"]]
+
+    def watch_requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if "watch=1" in r["path"]]
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Record one change at the current version; the lock is held."""
+        self.events.append((self._version, kind, copy.deepcopy(obj)))
+        self._changed.notify_all()
+
+    def delete_node_slices(self, node: str = "") -> list[str]:
+        """Delete every slice of ``node`` (all drivers), as kubelet's wipeResourceSlices does with a
+        DeleteCollection: not a request of the driver's, but seen by its watch."""
+        with self._lock:
+            node = node or self.node_name
+            gone = [n for n, s in self.slices.items() if _field(s, "spec.nodeName") == node]
+            for name in gone:
+                obj = self.slices.pop(name)
+                self._version += 1
+                obj["metadata"]["resourceVersion"] = str(self._version)
+                self._event("DELETED", obj)
+        return gone
+
+    def compact(self) -> None:
+        """Other writes (other nodes, other resources), then etcd's compaction of all of it: a watch
+        from any version seen so far gets 410."""
+        with self._lock:
+            self._version += 1
+            self._compacted = self._version
+            self.events.clear()
+
+    def touch_other_node(self) -> None:
+        """A write the node's watch does not match (another node's slice): only the version moves."""
+        with self._lock:
+            self._version += 1
+            meta = {"name": "node-b-slice", "resourceVersion": str(self._version)}
+            self._event("MODIFIED", {"metadata": meta, "spec": {"nodeName": "node-b", "driver": DRIVER}})
+
+    def end_watches(self) -> None:
+        """End every open watch now, as an API server restarting or rebalancing does."""
+        with self._lock:
+            self._watch_epoch += 1
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._changed.notify_all()
+        super().stop()
 
     def add_claim(self, namespace: str, name: str, results: list[tuple[str, str]], node: str = "",
                   uid: str | None = None, driver: str = DRIVER, allocated: bool = True) -> dict[str, Any]:
@@ -76,7 +151,39 @@ class DraApi(KubeServer):
         ctx.verify_mode = ssl.CERT_OPTIONAL
         base = _handler_for(self)
 
+        server = self
+
         class Handler(base):  # type: ignore[valid-type, misc]
+            def _serve(self, method: str) -> None:
+                assert isinstance(self.connection, ssl.SSLSocket)
+                peer = self.connection.getpeercert() or None
+                length = int(self.headers.get("Content-Length") or 0)
+                payload = self.rfile.read(length) if length else b""
+                status, body = server._answer(self.path, dict(self.headers), peer, method, payload)
+                if isinstance(body, _Watch):
+                    self.close_connection = True
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    try:
+                        server._stream(body, self._chunk)
+                        self.wfile.write(b"0\r\n\r\n")
+                    except OSError:
+                        pass  # the client went away
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _chunk(self, event: dict[str, Any]) -> None:
+                data = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
             def do_POST(self) -> None:
                 self._serve("POST")
 
@@ -130,14 +237,21 @@ class DraApi(KubeServer):
     def _slices(self, method: str, name: str, query: dict[str, list[str]], body: bytes) -> tuple[int, Any]:
         if method == "GET" and not name:
             fields = dict(f.split("=", 1) for q in query.get("fieldSelector", []) for f in q.split(","))
+            if query.get("watch") == ["1"]:
+                return self._watch(fields, query)
             items = [s for s in self.slices.values()
                      if all(_field(s, k) == v for k, v in fields.items())]
-            return 200, {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "items": items}
+            return 200, {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+                         "metadata": {"resourceVersion": str(self._version)}, "items": copy.deepcopy(items)}
         if method == "DELETE":
-            if self.slices.pop(name, None) is None:
+            obj = self.slices.pop(name, None)
+            if obj is None:
                 return 404, _status(404, f'resourceslices "{name}" not found')
             self.slice_writes.append((method, name))
-            return 200, _status(200, "deleted")
+            self._version += 1
+            obj["metadata"]["resourceVersion"] = str(self._version)
+            self._event("DELETED", obj)
+            return 200, obj
         obj = json.loads(body)
         obj_name = obj["metadata"]["name"]
         if method == "POST":
@@ -155,7 +269,75 @@ class DraApi(KubeServer):
         obj["metadata"]["resourceVersion"] = str(self._version)
         self.slices[obj_name] = obj
         self.slice_writes.append((method, obj_name))
-        return (201 if method == "POST" else 200), obj
+        self._event("ADDED" if method == "POST" else "MODIFIED", obj)
+        answer = copy.deepcopy(obj)
+        if method == "POST" and self.wipe_after_create:
+            self.wipe_after_create = False
+            del self.slices[obj_name]
+            self._version += 1
+            obj["metadata"]["resourceVersion"] = str(self._version)
+            self._event("DELETED", obj)
+        return (201 if method == "POST" else 200), answer
+
+    def _watch(self, fields: dict[str, str], query: dict[str, list[str]]) -> tuple[int, Any]:
+        rv = int((query.get("resourceVersion") or ["0"])[0] or 0)
+        if rv and rv < self._compacted and self.gone_as_status:
+            return 410, {**_status(410, f"too old resource version: {rv} ({self._compacted})"),
+                         "reason": "Expired"}
+        timeout = float((query.get("timeoutSeconds") or ["1800"])[0])
+        if self.watch_timeout_s is not None:
+            timeout = min(timeout, self.watch_timeout_s)
+        bookmarks = query.get("allowWatchBookmarks") == ["true"]
+        return 200, _Watch(fields, rv or self._version, time.monotonic() + timeout, bookmarks)
+
+    def _stream(self, w: _Watch, send: Any) -> None:
+        """Send ``w``'s events until it times out or is ended; called without the lock."""
+        with self._lock:
+            self.open_watches += 1
+            epoch = self._watch_epoch
+            expired = w.rv < self._compacted
+        try:
+            if expired:
+                send({"type": "ERROR", "object": {**_status(410, f"too old resource version: {w.rv} "
+                                                              f"({self._compacted})"), "reason": "Expired"}})
+                return
+            cursor, last_bookmark = w.rv, time.monotonic()
+            while True:
+                with self._lock:
+                    pending = [(v, k, o) for v, k, o in self.events
+                               if v > cursor and all(_field(o, f) == want for f, want in w.fields.items())]
+                    if not pending:
+                        now = time.monotonic()
+                        wait = w.deadline - now
+                        if w.bookmarks and self.bookmark_s is not None:
+                            wait = min(wait, last_bookmark + self.bookmark_s - now)
+                        if wait > 0 and not self._closing and epoch == self._watch_epoch:
+                            self._changed.wait(wait)
+                    ended = (time.monotonic() >= w.deadline or self._closing or epoch != self._watch_epoch)
+                    current = self._version
+                for v, kind, obj in pending:
+                    send({"type": kind, "object": obj})
+                    cursor = v
+                if ended:
+                    return
+                if w.bookmarks and self.bookmark_s is not None \
+                        and time.monotonic() - last_bookmark >= self.bookmark_s:
+                    send({"type": "BOOKMARK", "object": {"kind": "ResourceSlice",
+                                                         "apiVersion": "resource.k8s.io/v1",
+                                                         "metadata": {"resourceVersion": str(current)}}})
+                    cursor, last_bookmark = max(cursor, current), time.monotonic()
+                    self.bookmarks_sent.append(str(current))
+        finally:
+            with self._lock:
+                self.open_watches -= 1
+
+
+@dataclass
+class _Watch:
+    fields: dict[str, str]
+    rv: int
+    deadline: float
+    bookmarks: bool
 
 
 def _field(obj: dict[str, Any], path: str) -> str:

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 CLONE_NEWNET = 0x40000000
 
@@ -220,7 +220,7 @@ class KubeServer:
         )
         return path
 
-    def __enter__(self) -> KubeServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -74,7 +74,7 @@ def test_the_drivers_rights_are_what_it_calls_and_the_policy_keeps_it_to_its_nod
     assert got == {
         ("resource.k8s.io", "resourceclaims", "get"),
         ("", "nodes", "get"),
-        *{("resource.k8s.io", "resourceslices", v) for v in ("list", "create", "update", "delete")},
+        *{("resource.k8s.io", "resourceslices", v) for v in ("list", "watch", "create", "update", "delete")},
     }
     binding = one(rbac, "ClusterRoleBinding", "rdma-cni-dra")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rdma-cni", "namespace": "kube-system"}]

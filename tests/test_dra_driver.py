@@ -244,3 +244,16 @@ def test_rdma_device_gone_from_sysfs_stays_listed_tainted_until_it_is_back(dra: 
     wait_for(lambda: state() == (8, True), 10, "bond6 kept and tainted")
     os.rename(aside, link)
     wait_for(lambda: state() == (8, False), 10, "bond6 back and untainted")
+
+
+def test_an_idle_driver_only_watches_and_a_slice_kubelet_deletes_comes_back(dra: DraNode) -> None:
+    dra.start()
+    wait_for(lambda: len(dra.slice_devices()) == 8 and dra.api.open_watches == 1, 30, "the slice and a watch")
+    calls = len(dra.api.driver_calls())
+    time.sleep(2.0)  # ten rescans at --rescan-interval 0.2
+    assert len(dra.api.driver_calls()) == calls, dra.api.driver_calls()[calls:]
+    dra.api.delete_node_slices()  # kubelet's wipeResourceSlices, at its start or after we were away
+    took = wait_for(lambda: len(dra.slice_devices()) == 8, 10, "the slice back after kubelet's wipe")
+    print(f"\nslice deleted by kubelet -> published again: {took * 1000:.0f} ms")
+    assert [(r["method"], r["path"]) for r in dra.api.driver_calls()[calls:]] == [
+        ("POST", "/apis/resource.k8s.io/v1/resourceslices")]

@@ -251,10 +251,11 @@ def test_publisher_creates_updates_only_on_change_and_deletes_extra_slices(tmp_p
         [obj] = api.slices.values()
         assert obj["spec"]["pool"]["generation"] == 2
         assert obj["spec"]["devices"][3]["taints"][0]["key"] == f"{DRIVER}/unhealthy"
-        # A slice of an earlier run with more devices than now: removed.
+        # A slice of an earlier run with more devices than now: removed by the next run, which lists.
         extra = f"{NODE}-{DRIVER}-1"
         api.slices[extra] = {"metadata": {"name": extra, "resourceVersion": "1"},
                              "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"generation": 2}}}
+        pub = SlicePublisher(client, NODE)
         assert pub.publish(slice_specs(NODE, snapshot(), facts, None)) is True
         assert list(api.slices) == [f"{NODE}-{DRIVER}-0"]
         assert api.slices[f"{NODE}-{DRIVER}-0"]["spec"]["pool"]["generation"] == 3

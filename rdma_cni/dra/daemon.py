@@ -1,5 +1,5 @@
 """The DRA driver process: one scan, the DRA and registration sockets, the health watch, and the
-ResourceSlices kept current.
+ResourceSlices kept current at no API cost while nothing changes.
 
 The slices stay when the driver stops: a restart (an update, a crash) must not withdraw the node's
 devices from the scheduler; they go with the Node, their owner.
@@ -8,8 +8,10 @@ Threads: the caller's thread watches the registration socket (re-served when som
 kubelet's plugin watcher only sees sockets that exist), the watch (:class:`~.watch.NodeWatch`, the
 device plugin's scan) re-scans on every link/address event and on the rescan timer and wakes the
 publisher thread when the device table changed, which writes the slices (and retries every
-``RETRY_S`` while the API server refuses or is away); gRPC has its own pools. Like the device
-plugin, the process never forks (gRPC's threads).
+``RETRY_S`` while the API server refuses or is away); the slice watch (:class:`~.live.SliceWatch`)
+wakes it when our slices changed under us (kubelet wipes a node's slices at its start and after a
+driver stayed away); gRPC has its own pools. Like the device plugin, the process never forks (gRPC's
+threads).
 
 Every config form the device plugin takes is served (:mod:`.table` says how each becomes devices):
 without pools, the bonds of ``masters`` in both modes (TKE's ``mode: shared`` makes them
@@ -39,6 +41,7 @@ from rdma_cni.devices.inventory import NodeScan
 from rdma_cni.dra import names
 from rdma_cni.dra.driver import Driver
 from rdma_cni.dra.kubeapi import ResourceClient
+from rdma_cni.dra.live import LiveSlices, SliceWatch
 from rdma_cni.dra.publish import SlicePublisher
 from rdma_cni.dra.service import Registration, serve_dra, serve_registration
 from rdma_cni.dra.slices import table_specs
@@ -49,7 +52,9 @@ from rdma_cni.kube.sockets import socket_inode
 log = logging.getLogger(__name__)
 
 RETRY_S = 2.0  # a refused or failed publish is tried again this soon
-REFRESH_S = 30.0  # and the slices are compared anyway this often (a GID index or subnet may move)
+# The bonds' facts are read again this often (a GID index or subnet may move without a link event);
+# only local reads: the API server is asked nothing unless the slices must change.
+REFRESH_S = 30.0
 SOCKET_CHECK_S = 0.5
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
 
@@ -84,13 +89,17 @@ def sticky(before: dict[str, BondFacts], now: dict[str, BondFacts]) -> dict[str,
 class Publisher:
     """Publishes the board's table whenever :meth:`changed` is called, on its own thread."""
 
-    def __init__(self, cfg: PluginConfig, board: DeviceBoard, slices: SlicePublisher) -> None:
+    def __init__(self, cfg: PluginConfig, board: DeviceBoard, slices: SlicePublisher,
+                 refresh_s: float = REFRESH_S, retry_s: float = RETRY_S) -> None:
         self._cfg = cfg
+        self._refresh_s = refresh_s
+        self._retry_s = retry_s
         self._board = board
         self._slices = slices
         self._wake = threading.Event()
         self.published = threading.Event()  # set after the first successful publish
         self.failures = 0
+        self.rounds = 0  # publishes tried, most of them compared and found the same
         self._facts: dict[str, BondFacts] = {}
 
     def changed(self) -> None:
@@ -99,16 +108,17 @@ class Publisher:
     def once(self) -> bool:
         """One publish of the current table; False (logged) when the API server failed it."""
         _, table = self._board.current()
+        self.rounds += 1
         try:
             self._facts = sticky(self._facts, read_facts(self._cfg, table.bonds()))
             self._slices.publish(table_specs(self._slices.node, table, self._facts))
         except CniError as e:
             self.failures += 1
-            log.warning("publishing ResourceSlices failed (%s); retrying in %gs", e.msg, RETRY_S)
+            log.warning("publishing ResourceSlices failed (%s); retrying in %gs", e.msg, self._retry_s)
             return False
         except Exception:  # netlink or sysfs half gone, or a bug: the thread must live on
             self.failures += 1
-            log.exception("publishing ResourceSlices failed; retrying in %gs", RETRY_S)
+            log.exception("publishing ResourceSlices failed; retrying in %gs", self._retry_s)
             return False
         self.published.set()
         return True
@@ -118,7 +128,7 @@ class Publisher:
         while not stop.is_set():
             self._wake.clear()
             ok = self.once()
-            self._wake.wait(REFRESH_S if ok else RETRY_S)
+            self._wake.wait(self._refresh_s if ok else self._retry_s)
 
 
 def start_scan(cfg: PluginConfig) -> NodeScan:
@@ -149,10 +159,13 @@ def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, s
     driver = Driver(cfg, node, board, api, paths.state, paths.cdi_dir)
     for path in driver.sweep_orphans():
         log.info("removed %s: a CDI spec of ours that no prepared claim names, or a cut-short write", path)
-    publisher = Publisher(cfg, board, SlicePublisher(api, node))
+    live = LiveSlices()
+    publisher = Publisher(cfg, board, SlicePublisher(api, node, live))
     watch = NodeWatch(cfg, board, first, on_change=publisher.changed)
+    slice_watch = SliceWatch(api, node, live, on_change=publisher.changed)
     threads = [threading.Thread(target=watch.run, args=(stop,), name="dra-health", daemon=True),
-               threading.Thread(target=publisher.run, args=(stop,), name="dra-publish", daemon=True)]
+               threading.Thread(target=publisher.run, args=(stop,), name="dra-publish", daemon=True),
+               threading.Thread(target=slice_watch.run, args=(stop,), name="dra-slices", daemon=True)]
     for t in threads:
         t.start()
     for path in (paths.dra, paths.registration):
@@ -180,6 +193,7 @@ def run(cfg: PluginConfig, paths: DriverPaths, node: str, api: ResourceClient, s
     finally:
         stop.set()
         publisher.changed()  # ends its wait for the next refresh
+        slice_watch.stop()  # and the watch's wait for the server
         if reg is not None:
             reg[0].stop(grace=0).wait(2.0)
             if socket_inode(paths.registration) == reg[1]:

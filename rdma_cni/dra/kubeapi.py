@@ -8,6 +8,9 @@ object and, for 401/403, the RBAC to grant; 404 on a read is ``None``.
     api = ResourceClient(kubeconfig.load(path))
     claim = api.get_claim("default", "gpu-nic")          # the object, or None
     api.list_slices("node-a")                            # this driver's slices of that node
+    items, rv = api.list_slices_at("node-a")             # and the resourceVersion to watch from
+    for event in api.watch_slices("node-a", rv, 300):    # until the server ends the watch
+        ...
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from typing import Any
 from rdma_cni import __version__
 from rdma_cni.cni.errors import INVALID_CONFIG, KUBE_API_FAILURE, CniError
 from rdma_cni.dra import names
-from rdma_cni.kube.client import PodClient
+from rdma_cni.kube.client import EventStream, PodClient, WatchRefused
 from rdma_cni.kube.kubeconfig import KubeConfig
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 RBAC = "conf/k8s/dra's ClusterRole"
+# A watch's reads wait this much longer than the server's timeoutSeconds before the stream is taken
+# as lost: kube-apiserver ends a watch at that timeout, give or take its own scheduling.
+WATCH_GRACE_S = 30
 
 
 def _q(text: str) -> str:
@@ -49,12 +55,31 @@ class ResourceClient(PodClient):
 
     def list_slices(self, node: str) -> list[dict[str, Any]]:
         """This driver's ResourceSlices of ``node`` (field selectors spec.nodeName and spec.driver)."""
-        selector = f"spec.nodeName={node},spec.driver={names.DRIVER}"
-        obj = self._get_object(f"{RESOURCE}/resourceslices?fieldSelector={_q(selector)}",
+        return self.list_slices_at(node)[0]
+
+    def list_slices_at(self, node: str) -> tuple[list[dict[str, Any]], str]:
+        """:meth:`list_slices` and the list's resourceVersion, which a watch starts from."""
+        obj = self._get_object(f"{RESOURCE}/resourceslices?fieldSelector={_slice_selector(node)}",
                                f"ResourceSlices of node {node}",
                                f"grant the driver's ServiceAccount 'list' on resourceslices ({RBAC})")
         items = obj.get("items") if obj is not None else None
-        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+        rv = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+        return ([i for i in items if isinstance(i, dict)] if isinstance(items, list) else []), rv
+
+    def watch_slices(self, node: str, resource_version: str, timeout_s: int) -> EventStream:
+        """The changes to this driver's slices of ``node`` after ``resource_version``, with bookmarks,
+        until the server ends the watch after ``timeout_s``. 410 (too old: list again) is a
+        :class:`~rdma_cni.kube.client.WatchRefused` with ``status`` 410, as are the other refusals."""
+        path = (f"{RESOURCE}/resourceslices?watch=1&fieldSelector={_slice_selector(node)}"
+                f"&resourceVersion={_q(resource_version)}&allowWatchBookmarks=true&timeoutSeconds={timeout_s}")
+        try:
+            return self._watch(path, idle_timeout=timeout_s + WATCH_GRACE_S)
+        except WatchRefused as e:
+            if e.status in (401, 403):
+                raise WatchRefused(e.status, f"Kubernetes API refused the watch of ResourceSlices of node "
+                                             f"{node} with {e.status}: grant the driver's ServiceAccount "
+                                             f"'watch' on resourceslices ({RBAC})") from e
+            raise
 
     def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
         return self._write("POST", f"{RESOURCE}/resourceslices", obj, (201, 200))
@@ -63,10 +88,17 @@ class ResourceClient(PodClient):
         name = obj["metadata"]["name"]
         return self._write("PUT", f"{RESOURCE}/resourceslices/{_q(name)}", obj, (200,))
 
-    def delete_slice(self, name: str) -> None:
-        status, _ = self._call("DELETE", f"{RESOURCE}/resourceslices/{_q(name)}")
+    def delete_slice(self, name: str) -> dict[str, Any]:
+        """Delete the slice; the server's answer when it is the deleted object (its resourceVersion is
+        the deletion's), else {} (gone already, or a ``Status``)."""
+        status, body = self._call("DELETE", f"{RESOURCE}/resourceslices/{_q(name)}")
         if status not in (200, 202, 404):
             raise CniError(KUBE_API_FAILURE, _refusal("DELETE", f"ResourceSlice {name}", status, "delete"))
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return {}
+        return answer if isinstance(answer, dict) and answer.get("kind") == "ResourceSlice" else {}
 
     def _write(self, method: str, path: str, obj: dict[str, Any], ok: tuple[int, ...]) -> dict[str, Any]:
         name = obj.get("metadata", {}).get("name", "")
@@ -80,6 +112,10 @@ class ResourceClient(PodClient):
             raise CniError(KUBE_API_FAILURE, f"Kubernetes API sent invalid JSON for ResourceSlice {name}") \
                 from exc
         return answer if isinstance(answer, dict) else {}
+
+
+def _slice_selector(node: str) -> str:
+    return _q(f"spec.nodeName={node},spec.driver={names.DRIVER}")
 
 
 def _refusal(method: str, what: str, status: int, verb: str, body: bytes = b"") -> str:

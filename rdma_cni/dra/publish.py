@@ -1,15 +1,18 @@
 """Keep the node's ResourceSlices equal to what the device model says, through the API server.
 
-Called on start and after every rescan that changed the node (:mod:`.daemon`). It lists this
-driver's slices of the node, and when their content differs from the wanted specs
-(:func:`~rdma_cni.dra.slices.slice_specs`) it writes all of them with the pool's generation raised by
-one (the scheduler only trusts the slices of a pool's highest generation, so a half-written update
-is never mixed with the old one) and deletes those no longer needed. Slice names are fixed
+Called on start, after every rescan that changed the node, and whenever the watch saw our slices
+change under us (:mod:`.daemon`, :mod:`.live`). It compares the wanted specs
+(:func:`~rdma_cni.dra.slices.slice_specs`) with what the API server last showed of this driver's slices
+of the node (:class:`~rdma_cni.dra.live.LiveSlices`: the answers to our writes and the watch's events;
+listed only when nothing is known yet or a write was refused), and when they differ writes all of them
+with the pool's generation raised by one (the scheduler only trusts the slices of a pool's highest
+generation, so a half-written update is never mixed with the old one) and deletes those no longer
+needed. Nothing the same: no request at all. Slice names are fixed
 (``<node>-rdma.tke.cloud.tencent.com-<i>``), so a driver killed mid-publish and started again
 updates the same objects instead of adding more. Each slice is owned by the Node: deleting the node
 deletes them.
 
-    pub = SlicePublisher(api, "node-a")
+    pub = SlicePublisher(api, "node-a", live)
     pub.publish(slice_specs("node-a", snap, facts, None))    # True when anything was written
 """
 
@@ -21,6 +24,7 @@ from typing import Any, Protocol
 
 from rdma_cni.cni.errors import CniError
 from rdma_cni.dra import names
+from rdma_cni.dra.live import LiveSlices
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +33,10 @@ Doc = dict[str, Any]
 
 class SliceApi(Protocol):
     def get_node(self, name: str) -> Doc | None: ...
-    def list_slices(self, node: str) -> list[Doc]: ...
+    def list_slices_at(self, node: str) -> tuple[list[Doc], str]: ...
     def create_slice(self, obj: Doc) -> Doc: ...
     def update_slice(self, obj: Doc) -> Doc: ...
-    def delete_slice(self, name: str) -> None: ...
+    def delete_slice(self, name: str) -> Doc: ...
 
 
 def slice_name(node: str, index: int) -> str:
@@ -47,10 +51,12 @@ def _without_generation(spec: Doc) -> Doc:
 
 
 class SlicePublisher:
-    def __init__(self, api: SliceApi, node: str) -> None:
+    def __init__(self, api: SliceApi, node: str, live: LiveSlices | None = None) -> None:
         self._api = api
         self.node = node
+        self.live = live if live is not None else LiveSlices()  # without a watch: only our own writes
         self._owner: list[Doc] | None = None
+        self._generation = 0  # the last one written: a pool's generation never goes back in one run
         self.writes = 0  # objects created, updated or deleted, for the logs and the tests
 
     def _owner_refs(self) -> list[Doc]:
@@ -72,16 +78,28 @@ class SlicePublisher:
 
     def publish(self, specs: Sequence[Doc]) -> bool:
         """Make the node's slices hold ``specs``; True when anything was written. Raises the API's
-        :class:`~rdma_cni.cni.errors.CniError` (the caller retries on its next change or timer)."""
-        existing = {s.get("metadata", {}).get("name", ""): s for s in self._api.list_slices(self.node)}
+        :class:`~rdma_cni.cni.errors.CniError` (the caller retries on its next change or timer), after
+        which the next call lists again: a refused write means what we knew was wrong."""
+        self.live.sync(lambda: self._api.list_slices_at(self.node))
+        existing = self.live.current()
         wanted = {slice_name(self.node, i): spec for i, spec in enumerate(specs)}
         same = set(existing) == set(wanted) and all(
             _without_generation(existing[n].get("spec") or {}) == _without_generation(wanted[n])
             for n in wanted)
         if same:
             return False
-        generation = 1 + max((int((s.get("spec") or {}).get("pool", {}).get("generation", 0) or 0)
-                              for s in existing.values()), default=0)
+        try:
+            self._write(existing, wanted)
+        except CniError:
+            self.live.invalidate()
+            raise
+        log.info("published %d ResourceSlice(s) of node %s, generation %d: %d devices", len(wanted),
+                 self.node, self._generation, sum(len(s.get("devices", [])) for s in specs))
+        return True
+
+    def _write(self, existing: dict[str, Doc], wanted: dict[str, Doc]) -> None:
+        generation = 1 + max([self._generation, *(
+            int((s.get("spec") or {}).get("pool", {}).get("generation", 0) or 0) for s in existing.values())])
         owner = self._owner_refs()
         for name, spec in wanted.items():
             spec = {**spec, "pool": {**spec["pool"], "generation": generation}}
@@ -92,14 +110,15 @@ class SlicePublisher:
                         "spec": spec}
             old = existing.get(name)
             if old is None:
-                self._api.create_slice(obj)
+                answer = self._api.create_slice(obj)
             else:
                 meta["resourceVersion"] = old.get("metadata", {}).get("resourceVersion", "")
-                self._api.update_slice(obj)
+                answer = self._api.update_slice(obj)
+            self.live.apply(answer)
             self.writes += 1
+        self._generation = generation
         for name in sorted(set(existing) - set(wanted)):
-            self._api.delete_slice(name)
+            answer = self._api.delete_slice(name)
+            # Without the deleted object's version (a Status, or 404), "deleted, whatever came before".
+            self.live.remove(name, str(answer.get("metadata", {}).get("resourceVersion", "")))
             self.writes += 1
-        log.info("published %d ResourceSlice(s) of node %s, generation %d: %d devices", len(wanted),
-                 self.node, generation, sum(len(s.get("devices", [])) for s in specs))
-        return True
