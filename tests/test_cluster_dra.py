@@ -399,14 +399,23 @@ def _stamp(line: str) -> float:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])
-def test_the_kubelet_restarted_re_registers_the_driver_within_two_seconds(kube: Binaries, sig: int) -> None:
+def test_the_kubelet_restarted_re_registers_the_driver_within_two_seconds_and_its_wiped_slices_come_back(
+        kube: Binaries, sig: int) -> None:
     before = len(_registered_lines(kube))
+    uids = {s["metadata"]["uid"] for s in d.slices(kube, node=NODE.name)}
     sock = NODE.dir("/var/lib/kubelet") / "device-plugins" / "kubelet.sock"
+    t0 = time.monotonic()
     cluster.restart(f"{NODE.name}/kubelet", sig)
     lines = w.wait("the driver registered again", lambda: (ls := _registered_lines(kube))[before:] and ls, 30)
     # from the new kubelet's first socket (its managers are up) to the driver's "kubelet registered"
     took = _stamp(lines[before]) - sock.stat().st_ctime
     assert took < 2.0, f"re-registered {took:.2f} s after the kubelet came back"
+    # The new kubelet deletes the node's slices in the background (wipeResourceSlices at its start);
+    # the driver's watch sees them go and creates them again: new objects, all 8 devices.
+    w.wait("the driver's slices created again after kubelet's wipe",
+           lambda: not uids & {s["metadata"]["uid"] for s in d.slices(kube, node=NODE.name)}
+           and len(d.devices(kube, node=NODE.name)) == 8, 30, 0.1)
+    print(f"\nkubelet restarted -> slices wiped and published again: {time.monotonic() - t0:.1f} s")
 
 
 def test_unprepare_of_an_unknown_claim_succeeds(kube: Binaries) -> None:
