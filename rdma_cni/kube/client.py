@@ -269,6 +269,7 @@ class PodClient:
                                                               f"watch {path.split('?')[0]}", body))
             if conn.sock is not None:
                 conn.sock.settimeout(idle_timeout)
+                _keepalive(conn.sock)
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise CniError(KUBE_API_FAILURE, f"Kubernetes API {self.config.server} watch failed: "
@@ -313,6 +314,16 @@ class PodClient:
         if self._ssl is None:
             self._ssl = tls_context(self.config)
         return self._ssl
+
+
+def _keepalive(sock: socket.socket) -> None:
+    """TCP keepalive probes after 30 s of silence, as Go's dialer (and so client-go) sends: a watch
+    whose peer vanished (a load balancer's failover, a NAT that forgot the flow) is then found lost
+    within about a minute, not only when the read timeout ends, minutes later."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
 
 
 def _answer_text(prefix: str, body: bytes) -> str:
