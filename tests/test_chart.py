@@ -147,6 +147,24 @@ def test_shared_mode_with_the_macvlan_link_reaches_the_node_in_both_install_comm
     assert "--shared-link" not in chart.template("--set", "rdmaMode=shared")
 
 
+@pytest.mark.parametrize("rdma_mode", ["exclusive", "shared"])
+def test_meta_plugin_none_installs_our_plugins_and_no_meta_config_in_both_install_commands(
+    tmp_path: Path, rdma_mode: str
+) -> None:
+    """Under upstream Multus (metaPlugin none) the node gets the delegates and their configs, and no
+    00-rdma-multus.conflist that the runtime would pick before Multus's: one node, one meta plugin."""
+    ds = daemonset("--set", "metaPlugin=none", "--set", f"rdmaMode={rdma_mode}")
+    host = conf._install_node(ds, tmp_path, rdma_mode)
+    net_d = host / "etc/cni/net.d"
+    assert not (net_d / "00-rdma-multus.conflist").exists()
+    delegate = "tke-rdma-macvlan.conf" if rdma_mode == "exclusive" else "tke-rdma-ipvlan.conf"
+    assert (net_d / "rdma-multus.d" / delegate).exists()
+    assert (host / "opt/cni/bin/rdma-cni.d/current").exists(), "the bundle (the plugins' binary)"
+    refresh = {e["name"]: e["value"] for e in conf._container(ds, "refresh")["env"]}
+    assert refresh["CLUSTER_MODE"] == ""
+    assert "metaPlugin" in refused("--set", "metaPlugin=multus")
+
+
 def test_mellanox_config_as_a_file_is_the_commented_variant_switched_on(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(seed002.config_text())

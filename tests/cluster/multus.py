@@ -12,9 +12,9 @@ What a Multus node needs besides, as on any cluster that runs it:
 - a cluster network config at the top of ``/etc/cni/net.d`` for Multus's ``auto`` config to wrap
   as its ``clusterNetwork`` (delegate 0): the cluster's ptp network ``tke-route-eni``, as
   ``10-tke-route-eni.conf`` (:func:`cluster_network`);
-- the product installed without its own meta config (``CLUSTER_MODE`` empty: install.sh then
-  lays only the binaries, the delegate configs and the device plugin's config): one node runs one
-  meta plugin (:func:`product_without_meta`).
+- the product installed with the chart's ``metaPlugin=none`` (install.sh then lays only the
+  binaries, the delegate configs and the device plugin's config): one node runs one meta plugin
+  (:func:`product_without_meta`).
 
     apply(bins, deployment("thin"))
     w.wait_ready(bins, SELECTOR, 1, "kube-system")
@@ -23,6 +23,7 @@ What a Multus node needs besides, as on any cluster that runs it:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -87,18 +88,15 @@ def cluster_network(node: Node) -> None:
     (node.dir("/etc/cni/net.d") / CLUSTER_NETWORK).write_text(src.read_text())
 
 
-def product_without_meta(rdma_mode: str = "exclusive", mellanox_config: Path | None = None) -> str:
-    """The chart rendered for ``rdma_mode`` (and, with ``mellanox_config``, Mellanox's config.json as
-    ``devicePlugin.mellanoxConfig``), then ``CLUSTER_MODE`` emptied in the rendering: the chart's
-    schema knows only vpc-cni and global-router, and install.sh without ``--mode`` writes no
-    ``00-rdma-multus.conflist``."""
-    sets = ["--set", f"rdmaMode={rdma_mode}"]
+def product_without_meta(rdma_mode: str = "exclusive", mellanox_config: Path | None = None,
+                         front_end: str = "devicePlugin") -> str:
+    """The chart rendered as a Multus user installs it: ``metaPlugin=none`` (install.sh writes no
+    ``00-rdma-multus.conflist``), ``rdma_mode``, ``front_end``, and with ``mellanox_config``
+    Mellanox's config.json as ``devicePlugin.mellanoxConfig``."""
+    sets = ["--set", "metaPlugin=none", "--set", f"rdmaMode={rdma_mode}", "--set", f"frontEnd={front_end}"]
     if mellanox_config is not None:
         sets += ["--set-file", f"devicePlugin.mellanoxConfig={mellanox_config}"]
-    text = chart.template(*sets)
-    if text.count("value: vpc-cni") != 2:  # the install container's and the refresh container's
-        raise RuntimeError("the chart no longer sets CLUSTER_MODE twice: revisit product_without_meta")
-    return text.replace("value: vpc-cni", 'value: ""')
+    return chart.template(*sets, hooks=False)
 
 
 # Exclusive mode's NAD: our delegate config, the device plugin's resource named so that Multus hands
@@ -131,3 +129,19 @@ def references(count: int, network: str = "rdma-exclusive") -> dict[str, str]:
     """A pod's annotation referencing ``network`` ``count`` times (each gets the next device)."""
     return {"k8s.v1.cni.cncf.io/networks": ",".join([network] * count)}
 
+
+def daemon_pids(node: Node) -> list[int]:
+    """The thick plugin's ``multus-daemon`` processes running in ``node``'s cgroups."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() != "multus-daemon":
+                    continue
+            with open(f"/proc/{pid}/cgroup") as f:
+                if node.cgroup_root + "/" not in f.read():
+                    continue
+        except OSError:
+            continue
+        out.append(int(pid))
+    return out

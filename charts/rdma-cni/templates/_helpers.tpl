@@ -13,6 +13,13 @@ k8s-app: rdma-cni
 {{ trimSuffix "/" .Values.kubeletRootDir | default "/" }}
 {{- end }}
 
+{{/* install.sh's --mode: the cluster network rdma-multus wraps, or nothing under metaPlugin none (one
+node runs one meta plugin: with upstream Multus the node gets our plugins and device plugin, no
+00-rdma-multus.conflist). */}}
+{{- define "rdma-cni.clusterMode" -}}
+{{ if eq .Values.metaPlugin "none" }}{{ else }}{{ .Values.clusterNetwork }}{{ end }}
+{{- end }}
+
 {{/* Checks the schema cannot say: a Mellanox config.json is a string the schema cannot look into.
 A bad pool would stop the device plugin on every node; say it here, before anything is applied.
 The device model (rdma_cni/devices/poolconf.py) checks every other field when it loads. */}}
