@@ -2,7 +2,9 @@
  * rdma-cni thin client in C: the CNI executable's first step when Python's own start-up (~15-20 ms)
  * would cost more than the whole call in the warm agent. It speaks exactly the protocol documented
  * in rdma_cni/agent/client.py (frames "RCN1" count size, items u32-BE length + bytes; SCM_RIGHTS with
- * the caller's /proc/self/ns/{net,mnt}; READY 'R' / REFUSE 'N' / GO 'G'), and when the agent is
+ * the caller's /proc/self/ns/{net,mnt} and its root directory "/", which the worker takes too: a
+ * delegate of upstream Multus thick runs chrooted into /hostroot; READY 'R' / REFUSE 'N' / GO 'G'),
+ * and when the agent is
  * absent, refuses, or breaks before GO, it execs the in-process implementation with the same stdin
  * and environment (plus RDMA_CNI_AGENT=off so that one does not try the agent again). After GO it
  * does so for an ADD only when the agent itself died (SO_PEERCRED names it; in a DaemonSet its death
@@ -120,12 +122,20 @@ static long ready_timeout_ms(void) {
     return ms < 1 ? 1 : ms;
 }
 
-/* The frame plus the caller's namespaces in one sendmsg; the rest (if any) with send. */
+static void close_all(const int *fds, int n) {
+    for (int i = 0; i < n; i++) if (fds[i] >= 0) close(fds[i]);
+}
+
+/* The frame plus the caller's namespaces and root in one sendmsg; the rest (if any) with send. */
 static int send_request(int fd, const struct buf *frame) {
-    int fds[2];
+    int fds[3];
     fds[0] = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
     fds[1] = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
-    if (fds[0] < 0 || fds[1] < 0) return -1;
+    fds[2] = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fds[0] < 0 || fds[1] < 0 || fds[2] < 0) {
+        close_all(fds, 3);
+        return -1;
+    }
     char control[CMSG_SPACE(sizeof fds)];
     memset(control, 0, sizeof control);
     struct iovec iov = { frame->p, frame->len };
@@ -138,8 +148,7 @@ static int send_request(int fd, const struct buf *frame) {
     memcpy(CMSG_DATA(cm), fds, sizeof fds);
     ssize_t sent;
     do sent = sendmsg(fd, &msg, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
-    close(fds[0]);
-    close(fds[1]);
+    close_all(fds, 3);
     if (sent < 0) return -1;
     return send_all(fd, frame->p + sent, frame->len - (size_t)sent);
 }

@@ -14,11 +14,15 @@ a *frame* is ``"RCN1" count size`` followed by ``count`` items of ``len bytes`` 
 1. Connect to the unix stream socket ``$RDMA_CNI_AGENT_SOCKET`` (default
    ``/run/rdma-cni/agent.sock``; mode 0600, owned by root; the agent also checks the peer is uid 0).
 2. Send the request frame — items: plugin name (``rdma-macvlan``), stdin, then every environment
-   variable as ``KEY=VALUE`` — in one ``sendmsg`` carrying two descriptors by SCM_RIGHTS:
-   ``/proc/self/ns/net`` and ``/proc/self/ns/mnt`` of the client. The agent runs the request in a
-   forked worker that enters those namespaces and takes that environment, so it sees the same
-   ``CNI_NETNS`` path, ``/sys`` and files as the client would: the plugin code cannot tell the
-   difference.
+   variable as ``KEY=VALUE`` — in one ``sendmsg`` carrying three descriptors by SCM_RIGHTS:
+   ``/proc/self/ns/net``, ``/proc/self/ns/mnt`` and ``/`` (a directory descriptor) of the client.
+   The agent runs the request in a forked worker that enters those namespaces, takes that root
+   (``fchdir`` + ``chroot``: joining a mount namespace puts a process at the namespace's root, and
+   upstream Multus thick runs its delegates chrooted into ``/hostroot`` of its container's mount
+   namespace) and takes that environment, so it sees the same ``CNI_NETNS`` path, ``/sys`` and
+   files as the client would: the plugin code cannot tell the difference. The agent also accepts
+   the two namespace descriptors alone (a client from before the root was passed) and runs such a
+   request at the mount namespace's root.
 3. The worker answers one byte: ``R`` (ready) or ``N`` (refused: busy, peer not root, namespaces not
    enterable; also any hang-up). Before ``R`` nothing has run, so the client may fall back to
    running in-process; it waits for ``R`` at most ``timeout`` seconds.
@@ -166,8 +170,10 @@ def _send_request(
     sock: socket.socket, plugin: str, env: Mapping[str, str], stdin: bytes, trailer: bytes = b""
 ) -> None:
     frame = wire.encode_request(plugin, env, stdin) + trailer
-    fds = [os.open(f"/proc/self/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC) for ns in ("net", "mnt")]
+    fds: list[int] = []
     try:
+        for path, flags in (("/proc/self/ns/net", 0), ("/proc/self/ns/mnt", 0), ("/", os.O_DIRECTORY)):
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags))
         sent = socket.send_fds(sock, [frame], fds)
     finally:
         for fd in fds:

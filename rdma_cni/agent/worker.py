@@ -113,8 +113,8 @@ def _accept_call(
         if uid not in (0, os.geteuid()):
             raise Refused(f"peer uid {uid} is not root")
         plugin, env, stdin = wire.decode_request(wire.recv_frame(conn, head))
-        if len(fds) != 2:
-            raise Refused(f"expected the caller's net and mnt namespace fds, got {len(fds)} fds")
+        if len(fds) not in (2, 3):  # 2: a client from before the root was passed (a rolling update)
+            raise Refused(f"expected the caller's net and mnt namespace fds and its root, got {len(fds)} fds")
         try:
             registry.spec(plugin)
         except UnknownPlugin as exc:
@@ -122,9 +122,9 @@ def _accept_call(
         except Exception as exc:  # a plugin that cannot load here may still run in-process
             raise Refused(f"plugin {plugin} cannot be loaded in the agent: {exc}") from exc
         try:
-            moved = namespaces.enter_caller(fds[0], fds[1])
+            moved = namespaces.enter_caller(fds[0], fds[1], fds[2] if len(fds) == 3 else None)
         except OSError as exc:
-            raise Refused(f"cannot enter the caller's namespaces: {exc}") from exc
+            raise Refused(f"cannot enter the caller's namespaces or root: {exc}") from exc
         mismatch = namespaces.code_mismatch(anchors) if moved else ""
         if mismatch:
             raise Refused(f"{mismatch}: run the agent from the node's install path")
