@@ -180,3 +180,41 @@ def test_a_claims_cdi_device_naming_another_nodes_bond_is_error_7(tmp_path: Path
     with pytest.raises(CniError) as err:
         choose(sysfs(tmp_path), req(deviceID=f"{CLAIM_UID}-mlx5_bond_7"))
     assert err.value.code == 7 and f"device ID '{CLAIM_UID}-mlx5_bond_7' names no bond" in err.value.msg
+
+
+def test_a_claim_id_kubelet_repeated_gives_the_next_bond_of_the_pods_own_claim(tmp_path: Path) -> None:
+    """kubelet 1.37.2's PodResources reports a claim's second device with the first's CDI ID too, so
+    Multus v4.2.3 passes net2 the ID of bond0, which net1 of this container already holds (found on
+    the test cluster): net2 gets the claim's other bond, never another pod's."""
+    root = sysfs4(tmp_path)
+    kubelet = holders(("bond0", "bond1"), {"bond2": "pod default/b"})  # our DRA driver's device names
+    pins = {"bond0": Attachment("c1", "net1")}
+    got = choose4(root, pod_req(ifname="net2", deviceID=f"{CLAIM_UID}-mlx5_bond_0"), kubelet, pins)
+    assert got == ["bond1"]
+
+
+def test_a_repeated_claim_id_beyond_the_claim_is_error_7(tmp_path: Path) -> None:
+    root = sysfs4(tmp_path)
+    pins = {"bond0": Attachment("c1", "net1"), "bond1": Attachment("c1", "net2")}
+    with pytest.raises(CniError) as err:
+        choose4(root, pod_req(ifname="net3", deviceID=f"{CLAIM_UID}-mlx5_bond_1"),
+                holders(("bond0", "bond1"), {"bond2": "pod default/b"}), pins)  # fmt: skip
+    assert err.value.code == 7 and "already attached" in err.value.msg, err.value.msg
+
+
+def test_a_claim_id_held_by_another_container_is_still_pinned_elsewhere(tmp_path: Path) -> None:
+    """Only this container's own attachments make an ID a repeat: a bond another container still
+    holds (a force-deleted pod's, before its DEL) is waited for as before (error 11)."""
+    root = sysfs4(tmp_path)
+    with pytest.raises(CniError) as err:
+        choose4(root, pod_req(deviceID=f"{CLAIM_UID}-mlx5_bond_0"), holders(("bond0",), {}),
+                {"bond0": Attachment("old", "net1")})  # fmt: skip
+    assert err.value.code == 11
+
+
+def test_without_kubelets_view_a_repeated_claim_id_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CniError) as err:
+        r = pod_req(ifname="net2", deviceID=f"{CLAIM_UID}-mlx5_bond_0")
+        choose_bonds(r, ["bond0", "bond1"], 1, {"bond0": Attachment("c1", "net1")}, lambda b: "", rdma_of,
+                     sysfs4(tmp_path))  # fmt: skip
+    assert err.value.code == 7 and "kubelet's allocation to the pod is unknown" in err.value.msg

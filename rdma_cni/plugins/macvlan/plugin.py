@@ -49,6 +49,7 @@ from rdma_cni.plugins.macvlan.model import DEFAULT_DATA_DIR
 from rdma_cni.plugins.macvlan.select import (
     PinnedElsewhere,
     choose_bonds,
+    claim_device,
     describe_pins,
     is_opaque,
     requested_device_ids,
@@ -565,11 +566,12 @@ def _note_deadlines(state: NodeState, host: Any, rec: AttachmentRecord, skipped:
 
 
 def _kubelet_view(req: Request, cfg: MacvlanConfig) -> DeviceHolders | None:
-    """What kubelet allocated on this node, asked only when this ADD picks bonds itself (no device
-    ID names them) for a Kubernetes pod: the pick must respect it (:func:`.select.choose_bonds`)."""
+    """What kubelet allocated on this node, asked only when this ADD may pick bonds itself (no device
+    ID names them, or a DRA claim's ID that kubelet may have reported twice) for a Kubernetes pod:
+    the pick must respect it (:func:`.select.choose_bonds`)."""
     ids = requested_device_ids(req)
     name = req.args.get("K8S_POD_NAME", "")
-    if (ids and not any(is_opaque(i) for i in ids)) or not name:
+    if (ids and not any(is_opaque(i) or claim_device(i) for i in ids)) or not name:
         return None
     from rdma_cni.devices.dra_names import DRIVER
     from rdma_cni.kube import allocated

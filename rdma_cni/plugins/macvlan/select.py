@@ -103,6 +103,14 @@ def choose_bonds(
     ids = requested_device_ids(req)
     alias_map = {m: aliases(sysfs_root, m, rdma_device_of(m)) for m in masters} if ids or kubelet else {}
     wanted, opaque = _named_bonds(ids, alias_map) if ids else ([], count)
+    again = _claim_ids_attached_here(ids, wanted, alias_map, pins, me)
+    if again:
+        if kubelet is None:
+            raise CniError(INVALID_CONFIG, f"{again[0]} is already attached to this container "
+                           f"({_who(pins[again[0]])}) and kubelet's allocation to the pod is unknown here: "
+                           "no other bond of its claim can be chosen safely")
+        wanted = [b for b in wanted if b not in again]
+        opaque += len(again)
     _check_enough(masters, len(wanted) + opaque, "count" if not ids else "")
     for bond in wanted:
         holder = pins.get(bond)
@@ -114,7 +122,8 @@ def choose_bonds(
     candidates: list[str] = list(masters)
     taken: dict[str, str] = {}
     if kubelet is not None and opaque:
-        candidates, taken = _kubelet_bounds(req, masters, alias_map, kubelet, pins, count, bool(ids))
+        own_only = not ids or bool(again)
+        candidates, taken = _kubelet_bounds(req, masters, alias_map, kubelet, pins, opaque, not own_only)
     free: list[str] = []
     unusable: list[str] = []
     for m in candidates:  # each usable() asks the kernel: stop as soon as there are enough
@@ -136,6 +145,18 @@ def choose_bonds(
             + (f"; not usable now: {'; '.join(unusable)}" if unusable else ""),
         )
     return wanted + free
+
+
+def _claim_ids_attached_here(ids: Sequence[str], wanted: Sequence[str], alias_map: Mapping[str, set[str]],
+                             pins: Mapping[str, Attachment], me: Attachment) -> list[str]:
+    """Bonds a claim's CDI device ID names that another attachment of this same container already
+    holds. kubelet (v1.37.2, ``GetDynamicResources`` in container_manager_linux.go) reports in
+    PodResources each device of a claim with the CDI IDs of every device before it as well, so
+    Multus v4.2.x hands the n-th reference an ID of an earlier one: such a reference gets the next
+    bond of the pod's own allocation instead (never another pod's), like a reference with no ID."""
+    named = {m for m, names in alias_map.items() for i in ids if claim_device(i) in names}
+    return [b for b in wanted if b in named and (h := pins.get(b)) is not None and h != me
+            and h.container_id == me.container_id]
 
 
 def _named_bonds(ids: Sequence[str], alias_map: Mapping[str, set[str]]) -> tuple[list[str], int]:
