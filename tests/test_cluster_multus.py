@@ -8,26 +8,35 @@ with ``resourceName`` tke-shared-rdma: a pod asking for 4 and referencing the NA
 exactly kubelet's 4 bonds (their device nodes, their IPs, the host's GID index), and Multus's
 network-status carries our device plugin's device-info; a pod referencing the NAD more often than it
 asks for is refused with a message and takes no bond of another pod; kubelet killed with -9, then
-the pods deleted: the node exact.
+the pods deleted: the node exact. Then Multus's thick variant, its daemon killed -9 mid-ADD (the
+delegate runs chrooted into the host's root: the agent's worker must take that root). Then seed
+002's user as they are (Mellanox's config.json to our device plugin, the reference macvlan NAD, their
+pod) and the same NAD with only its type swapped to rdma-ipvlan (shared mode). Last, DRA through
+Multus v4.2's PodResources path: a NAD naming a ResourceClaim.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from cluster import build, cluster, multus
+from cluster import build, cluster, dra, multus
 from cluster import topology as topo
 from cluster import workloads as w
 from cluster.build import Binaries
-from cluster.cluster import RDMA, kubectl
+from cluster.cluster import RDMA, kubectl, node_resources
 from cluster.node import Node
 from cluster.versions import MULTUS_BUILD
+from seed002 import COPY, from_seed
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.multus]
 
@@ -35,6 +44,9 @@ NODE = Node(1)
 DS = "k8s-app=rdma-cni"
 APP = "app=multus-test"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
+MLX_RESOURCE = "rdma/hca_shared_devices_a"  # seed 002's resource: resourcePrefix/resourceName
+MLX_BONDS = (0, 1)  # the NICs its selector names on this node (two HCAs of one shared pool)
+DRA_CLASS = "rdma.tke.cloud.tencent.com"  # the chart's exclusive DeviceClass
 
 
 def pod(name: str, networks: list[str], limits: dict[str, int]) -> str:
@@ -162,5 +174,161 @@ def test_kubelet_killed_then_pods_deleted_leaves_the_node_exact(
     w.wait_ready(kube, f"{APP},pod=rdma-4", 1, timeout=120)
     assert addresses(kube, "rdma-4") == before
     kubectl(kube, "delete", "pod", "-l", APP, "--wait=true", timeout=120)
+    w.wait_gone(kube, APP)
+    w.wait_exact([NODE], baseline)
+
+
+def test_thick_multus_daemon_killed_mid_add_loses_nothing(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    """Multus's thick variant (its own -thick manifest: the same DaemonSet name, so an update) with
+    its daemon killed -9 while it runs rdma-macvlan's ADD (the first attachment record written):
+    the runtime tears down and tries again, the pod Runs with exactly its 4 bonds, and after its
+    delete the node is exact."""
+    w.apply(kube, multus.deployment("thick"))
+    kubectl(kube, "-n", "kube-system", "rollout", "status", "daemonset/kube-multus-ds", "--timeout=240s",
+            timeout=260)
+    w.wait("the thick config", lambda: (multus.generated(NODE) or {}).get("type") == "multus-shim", 90)
+    w.wait("multus-daemon running", lambda: multus.daemon_pids(NODE), 60)
+    records = NODE.dir("/var/lib/cni") / "rdma-macvlan" / "attachments"
+    before = set(os.listdir(records)) if records.exists() else set()
+    w.apply(kube, pod("rdma-thick", ["rdma-exclusive"] * 4, {RDMA: 4}))
+    try:
+        deadline = time.monotonic() + 120
+        while not (set(os.listdir(records)) - before if records.exists() else set()):
+            if time.monotonic() > deadline:
+                logs = kubectl(kube, "-n", "kube-system", "logs", "-l", multus.SELECTOR, "--tail=30").stdout
+                said = sandbox_error(kube, "rdma-thick")
+                raise AssertionError(f"no ADD reached rdma-macvlan: {said}\n{logs}")
+            time.sleep(0.005)
+        killed = multus.daemon_pids(NODE)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        print(f"\nkilled multus-daemon {killed} mid-ADD")
+        w.wait_ready(kube, f"{APP},pod=rdma-thick", 1, timeout=240)
+        bonds = {i for i in addresses(kube, "rdma-thick") if i.startswith("bond")}
+        uverbs = {d for d in infiniband(kube, "rdma-thick") if d.startswith("uverbs")}
+        assert len(bonds) == 4 and uverbs == {f"uverbs{b.removeprefix('bond')}" for b in bonds}
+    finally:
+        kubectl(kube, "delete", "pod", "rdma-thick", "--wait=true", timeout=120)
+        w.wait_gone(kube, APP)
+    w.wait_exact([NODE], baseline)
+
+
+def _mellanox_config(tmp: Path) -> Path:
+    """Seed 002's config.json with its selector set to this node's NICs, as its user sets it for theirs."""
+    doc = json.loads(from_seed() or COPY)
+    doc["configList"][0]["selectors"] = {"ifNames": [f"bond{b}" for b in MLX_BONDS]}
+    path = tmp / "config.json"
+    path.write_text(json.dumps(doc, indent=4))
+    return path
+
+
+def test_the_network_operator_user_runs_and_swapping_only_the_type_gives_rdma_ipvlan(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    """Seed 002's user as they are: Mellanox's config.json to our device plugin, a NAD as
+    network-operator writes it (the reference macvlan on the RDMA NIC, host-local), their pod. Then
+    the same NAD with only its type swapped to rdma-ipvlan: each pod a child of every bond with an
+    address of its own."""
+    with tempfile.TemporaryDirectory() as tmp:
+        w.apply(kube, multus.product_without_meta("shared", _mellanox_config(Path(tmp))))
+    w.rollout(kube)
+    w.use_macvlan_link(NODE)  # this kernel has no IPVLAN: the node's shared delegate uses macvlan
+    w.wait(f"{NODE.name} offers 200 {MLX_RESOURCE}",
+           lambda: node_resources(kube, NODE.name, MLX_RESOURCE) == (200, 200), 90)
+    subnet = topo.bond_subnet(NODE.n, MLX_BONDS[0])
+    hosts = list(subnet.hosts())
+    # network-operator's MacvlanNetwork -> NAD: type macvlan on the RDMA NIC, host-local IPAM, no resourceName
+    operator = {"cniVersion": "0.3.1", "name": "rdma-shared-macvlan", "type": "macvlan",
+                "master": f"bond{MLX_BONDS[0]}", "mode": "bridge", "mtu": 1500,
+                "ipam": {"type": "host-local", "subnet": str(subnet), "rangeStart": str(hosts[-4]),
+                         "rangeEnd": str(hosts[-1])}}
+    # the same NAD with only its type swapped: rdma-ipvlan reads its own keys (link: macvlan, as this
+    # test kernel has no IPVLAN) and ignores master, mode and ipam
+    ours = {**operator, "name": "rdma-shared-ipvlan", "type": "rdma-ipvlan", "link": "macvlan"}
+    ours.pop("ipam")
+    w.apply(kube, multus.nad("rdma-shared-macvlan", operator))
+    w.apply(kube, multus.nad("rdma-shared-ipvlan", ours))
+    w.apply(kube, pod("seed002", ["rdma-shared-macvlan"], {MLX_RESOURCE: 1}))
+    w.apply(kube, pod("swapped-a", ["rdma-shared-ipvlan"], {MLX_RESOURCE: 1}))
+    w.apply(kube, pod("swapped-b", ["rdma-shared-ipvlan"], {MLX_RESOURCE: 1}))
+    try:
+        w.wait_ready(kube, APP, 3, timeout=180)
+    except (AssertionError, TimeoutError) as e:
+        said = {n: sandbox_error(kube, n) for n in ("seed002", "swapped-a", "swapped-b")}
+        raise AssertionError(f"{e}: {said}") from e
+
+    pool = {f"uverbs{b}" for b in MLX_BONDS}
+    assert {d for d in infiniband(kube, "seed002") if d.startswith("uverbs")} == pool, "the pool's devices"
+    net1 = addresses(kube, "seed002")["net1"]
+    assert len(net1) == 1 and ipaddress.ip_address(net1[0]) in subnet
+    entries = status_of(kube, "seed002")
+    assert [(e["name"], e.get("interface")) for e in entries][1:] == [("default/rdma-shared-macvlan", "net1")]
+
+    seen: set[str] = set()
+    host = {f"bond{b}": topo.bond_ip(NODE.n, b) for b in range(topo.BONDS)}
+    for name in ("swapped-a", "swapped-b"):
+        mine = {i: a for i, a in addresses(kube, name).items() if i != "eth0"}
+        assert len(mine) == topo.BONDS, f"{name}: a child of every bond, {mine}"
+        for addrs in mine.values():
+            assert len(addrs) == 1 and addrs[0] not in host.values() and addrs[0] not in seen
+            seen.add(addrs[0])
+        rdma = [e for e in status_of(kube, name) if e["name"] == "default/rdma-shared-ipvlan"]
+        assert sum(len(e.get("ips", [])) for e in rdma) == topo.BONDS
+    assert json.dumps(w.node_network(NODE)["addr"]).count(host["bond0"]) == 1, "the host keeps its addresses"
+    kubectl(kube, "delete", "pod", "-l", APP, "--wait=true", timeout=120)
+    w.wait_gone(kube, APP)
+    w.wait_exact([NODE], baseline)
+
+
+def test_device_info_files_follow_the_pools_the_plugin_serves(kube: Binaries) -> None:
+    """After the switch to Mellanox's pool of two HCAs (a shared pool of several HCAs gets none) the
+    old pool's 8 files are gone, though the new run never served that resource."""
+    dp = NODE.dir("/run/k8s.cni.cncf.io") / "devinfo" / "dp"
+    w.wait("the old pool's device-info files removed",
+           lambda: not [n for n in os.listdir(dp) if n.endswith("-device.json")], 30)
+
+
+def claim(name: str, count: int) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "nics", "exactly": {
+            "deviceClassName": DRA_CLASS, "count": count}}]}},
+    })
+
+
+def test_dra_claims_reach_rdma_macvlan_through_multus_v4_2(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    """Multus v4.2.x's DRA path: PodResources' DynamicResources (GA in kubelet 1.36), keyed by the
+    ResourceClaim's name, each device the part of its CDI ID after "=" (``<claim uid>-mlx5_bond_N``,
+    our driver's naming). A NAD whose resourceName is the claim's name hands each reference one of
+    the claim's bonds; rdma-macvlan moves exactly those."""
+    w.apply(kube, multus.product_without_meta(front_end="dra"))
+    w.rollout(kube)
+    w.wait("the driver's 8 devices published", lambda: len(dra.devices(kube, node=NODE.name)) == 8, 120)
+    w.apply(kube, claim("rdma-pair", 2))
+    w.apply(kube, multus.nad("rdma-dra", multus.RDMA_MACVLAN, "rdma-pair"))
+    doc = yaml.safe_load(pod("dra-pair", ["rdma-dra", "rdma-dra"], {}))
+    doc["spec"]["resourceClaims"] = [{"name": "nics", "resourceClaimName": "rdma-pair"}]
+    doc["spec"]["containers"][0]["resources"] = {"claims": [{"name": "nics"}]}
+    w.apply(kube, yaml.safe_dump(doc))
+    try:
+        w.wait_ready(kube, f"{APP},pod=dra-pair", 1, timeout=120)
+    except (AssertionError, TimeoutError) as e:
+        raise AssertionError(f"{e}: {sandbox_error(kube, 'dra-pair')}") from e
+    held = json.loads(kubectl(kube, "get", "resourceclaim", "rdma-pair", "-o", "json").stdout)
+    published = dra.devices(kube, node=NODE.name)
+    allocated = {published[r["device"]]["attrs"]["bond"] for r in dra.results(held)}
+    bonds = {i: a for i, a in addresses(kube, "dra-pair").items() if i.startswith("bond")}
+    assert set(bonds) == allocated and len(allocated) == 2, (bonds, allocated)
+    for b, ips in bonds.items():
+        assert ips == [topo.bond_ip(NODE.n, int(b.removeprefix("bond")))]
+    uverbs = {d for d in infiniband(kube, "dra-pair") if d.startswith("uverbs")}
+    assert uverbs == {f"uverbs{b.removeprefix('bond')}" for b in allocated}
+    kubectl(kube, "delete", "pod", "dra-pair", "--wait=true", timeout=120)
+    kubectl(kube, "delete", "resourceclaim", "rdma-pair", "--wait=true", timeout=60)
     w.wait_gone(kube, APP)
     w.wait_exact([NODE], baseline)

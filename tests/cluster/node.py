@@ -139,10 +139,10 @@ def make_mount_ns(node: Node) -> None:
 def _dirs(node: Node) -> None:
     for name in NODE_DIRS.values():
         (node.work / name).mkdir(parents=True, exist_ok=True)
-    for plugin in ("ptp", "host-local", "loopback", "portmap", "bandwidth"):
-        src = Path(CNI_PLUGINS) / plugin
-        if src.exists():
-            shutil.copy2(src, node.dir("/opt/cni/bin") / plugin)
+    # Every reference plugin, as a node that runs Multus has them (network-operator installs the set):
+    # the cluster network needs ptp, host-local and loopback; seed 002's NADs need macvlan.
+    for src in sorted(Path(CNI_PLUGINS).iterdir()):
+        shutil.copy2(src, node.dir("/opt/cni/bin") / src.name)
     (node.work / "tunables").mkdir(exist_ok=True)
     for key, value in KUBELET_TUNABLES.items():
         (node.work / "tunables" / key.replace("/", "_")).write_text(value + "\n")
