@@ -626,7 +626,7 @@ def test_a_short_chaos_run_loses_no_pod_and_leaves_every_node_exact(kube: Binari
     (pytest -s), never asserted: the machine's load decides them."""
     from cluster import chaos
 
-    plan = chaos.Plan(seed=35, seconds=45, front_end="devicePlugin", fault_every=3.0, quiet_runs=2)
+    plan = chaos.Plan(seed=35, seconds=30, front_end="devicePlugin", fault_every=2.5, quiet_runs=2)
     chaos.install(kube, plan)
     try:
         report = chaos.Run(kube, plan).run()
@@ -634,9 +634,9 @@ def test_a_short_chaos_run_loses_no_pod_and_leaves_every_node_exact(kube: Binari
         chaos.uninstall(kube)
     print(report.text())
     assert report.end_errors == []
-    # two open findings (README "Under churn") are printed, not judged, until they are explained: a
-    # pod's GID not at slot 3 (1 pod in ~200) and a container restarted once (3 in ~200)
-    assert [x for x in report.wrong if "GID" not in x] == []
+    # one open finding (README "Under churn") is printed, not judged, until it is explained: a
+    # container restarted once (3 in ~200)
+    assert report.wrong == []
     assert [x for x in report.lost if "container restart" not in x] == []
     # kubectl's own failures while the control plane restarts are reported, not judged: the product
     # is not on that path; a component the harness could not start again would void the run
