@@ -436,14 +436,7 @@ def test_shared_mode_by_claim_four_pods_share_every_bond_with_addresses_of_their
     kube: Binaries, baseline: dict[str, Any]
 ) -> None:
     w.apply(kube, d.manifests(rdma_mode="shared"))
-    w.wait(
-        "shared devices published",
-        lambda: (
-            all(x.get("allowMultipleAllocations") for x in d.devices(kube, node=NODE.name).values())
-            and len(d.devices(kube, node=NODE.name)) == 8
-        ),
-        240,
-    )
+    w.wait("shared devices published", functools.partial(d.published, kube, NODE.name, "shared"), 240)
     w.wait_ready(kube, DS, 1, "kube-system", timeout=240)
     w.use_macvlan_link(NODE)
     shared_base = w.node_network(NODE)

@@ -19,7 +19,8 @@ from cluster.cluster import State, kubectl
 from cluster.gpu_dra import DEVICE_CLASS
 from cluster.gpu_dra import DRIVER as GPU_DRIVER
 from cluster.node import WORK, Node
-from cluster.workloads import REPO, TEST_IMAGE, wait
+from cluster.topology import BONDS
+from cluster.workloads import REPO, TEST_IMAGE, bare_pod, wait
 
 DRA_DIR = REPO / "conf" / "k8s" / "dra"
 EXAMPLES = DRA_DIR / "examples"
@@ -66,6 +67,35 @@ def example(name: str, image: str = TEST_IMAGE) -> str:
         if d["kind"] in ("Pod", "Deployment"):
             spec["terminationGracePeriodSeconds"] = 1
     return yaml.safe_dump_all(docs)
+
+
+SHARED_EXAMPLE = "shared-claim.yaml"
+
+
+def _shared_example(kind: str) -> dict[str, Any]:
+    return next(x for x in yaml.safe_load_all(example(SHARED_EXAMPLE)) if x and x["kind"] == kind)
+
+
+def shared_claim_template() -> str:
+    """examples/shared-claim.yaml's ResourceClaimTemplate (every bond, one share of each): apply it
+    once, before :func:`shared_claim_pod`'s pods."""
+    return yaml.safe_dump(_shared_example("ResourceClaimTemplate"))
+
+
+def shared_claim_pod(name: str) -> str:
+    """One pod of examples/shared-claim.yaml's Deployment, bare (:func:`workloads.bare_pod`): its
+    claim is made from :func:`shared_claim_template`."""
+    return bare_pod(_shared_example("Deployment"), name)
+
+
+def published(bins: Binaries, node: str, mode: str = "exclusive") -> bool:
+    """The node's bonds all published in the mode's form: multi-allocatable in shared mode, not in
+    exclusive mode. Until the driver republishes them after a switch, a pod of the new mode finds no
+    device its DeviceClass selects."""
+    devs = devices(bins, node=node)
+    return len(devs) == BONDS and all(
+        bool(x.get("allowMultipleAllocations")) == (mode == "shared") for x in devs.values()
+    )
 
 
 def start_gpu_dra(bins: Binaries, node: Node) -> None:

@@ -48,10 +48,19 @@ def label_nodes(bins: Binaries, nodes: int) -> None:
         kubectl(bins, "label", "node", topo.node_name(n), f"{LABEL}=true", "--overwrite")
 
 
-def product_manifest(rdma_mode: str = "exclusive", tag: str = "0.1.0") -> str:
-    """conf/k8s/rdma-cni.yaml with the image tag and the RDMA mode chosen: the chart rendered with
-    those two values (conf/k8s/rdma-cni.yaml is its rendering from the defaults)."""
-    return chart.template("--set", f"rdmaMode={rdma_mode}", "--set", f"image.tag={tag}")
+def product_manifest(
+    rdma_mode: str = "exclusive", tag: str = "0.1.0", front_end: str = "devicePlugin"
+) -> str:
+    """What ``kubectl apply`` users apply, with the image tag, the RDMA mode and the front end chosen:
+    the chart rendered with those values (conf/k8s/rdma-cni.yaml is its rendering from the defaults,
+    conf/k8s/dra/ with ``frontEnd=dra``), without Helm's hooks, which kubectl would run at once (the
+    DRA variant's pre-delete check). Shared mode's link is macvlan: this kernel has no IPVLAN, and the
+    DaemonSet's refresh loop re-installs the chart's link every 10 minutes, so a node's file edited
+    instead (:func:`use_macvlan_link`) would not last."""
+    sets = ["--set", f"rdmaMode={rdma_mode}", "--set", f"image.tag={tag}", "--set", f"frontEnd={front_end}"]
+    if rdma_mode == "shared":
+        sets += ["--set", "shared.link=macvlan"]
+    return chart.template(*sets, hooks=False)
 
 
 def apply(bins: Binaries, text: str) -> None:
@@ -285,6 +294,19 @@ def use_macvlan_link(node: Node) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(conf, indent=2))
     tmp.rename(path)
+
+
+def bare_pod(deployment: dict[str, Any], name: str) -> str:
+    """The Deployment's pod as a bare Pod named ``name``: a benchmark creates and deletes one pod at a
+    time and counts what each costs, which a ReplicaSet replacing it would blur."""
+    tmpl = deployment["spec"]["template"]
+    meta = {**tmpl["metadata"], "name": name, "namespace": deployment["metadata"].get("namespace", "default")}
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": tmpl["spec"]})
+
+
+def shared_pod(name: str) -> str:
+    """One pod of :func:`shared_deployment`, bare (:func:`bare_pod`)."""
+    return bare_pod(yaml.safe_load(shared_deployment(1)), name)
 
 
 def shared_deployment(replicas: int = 4) -> str:
