@@ -47,6 +47,7 @@ from cluster import workloads as w
 from cluster.build import Binaries
 from cluster.cluster import kubectl
 from cluster.node import Node
+from cluster.versions import MULTUS
 from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc
 
 
@@ -230,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.multus:
         p50m, p50mr = statistics.median(m_seed), statistics.median(m_ref)
         print(
-            f"upstream Multus {multus.MULTUS} (thin): seed pod (NAD rdma-exclusive x4) creation->Running "
+            f"upstream Multus {MULTUS} (thin): seed pod (NAD rdma-exclusive x4) creation->Running "
             f"first {m_first:.2f} s, warm p50 of {a.runs}: {p50m:.2f} s (min {min(m_seed):.2f}, max "
             f"{max(m_seed):.2f}); reference p50 {p50mr:.2f} s"
         )

@@ -10,6 +10,7 @@ the end (also on failure or Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -42,7 +43,7 @@ def scenario(bins: Binaries, nodes: int) -> None:
     w.wait_ready(bins, "k8s-app=rdma-cni", nodes, "kube-system", timeout=300)
     show(bins, "-n", "kube-system", "get", "po", "-o", "wide", "-l", "k8s-app=rdma-cni")
     for name in (topo.node_name(n) for n in range(1, nodes + 1)):
-        w.wait(f"{name} offers 8", lambda name=name: w.node_capacity(bins, name) == (8, 8), 120)
+        w.wait(f"{name} offers 8", functools.partial(_offers_8, bins, name), 120)
     print("$ kubectl describe node | grep tke-shared-rdma")
     print(
         "\n".join(
@@ -100,3 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _offers_8(bins: Binaries, name: str) -> bool:
+    return w.node_capacity(bins, name) == (8, 8)
