@@ -267,6 +267,7 @@ class DraApi(KubeServer):
             return 405, _status(405, "method not allowed")
         self._version += 1
         obj["metadata"]["resourceVersion"] = str(self._version)
+        _canonical_capacities(obj)
         self.slices[obj_name] = obj
         self.slice_writes.append((method, obj_name))
         self._event("ADDED" if method == "POST" else "MODIFIED", obj)
@@ -345,3 +346,30 @@ def _field(obj: dict[str, Any], path: str) -> str:
     for key in path.split("."):
         value = value.get(key, {}) if isinstance(value, dict) else {}
     return value if isinstance(value, str) else ""
+
+
+_SUFFIXES = {0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+
+
+def _canonical(q: str) -> str:
+    """A whole-number decimal quantity in the form kube-apiserver stores it (resource.Quantity's
+    canonical DecimalSI): trailing zeros folded into k, M, G... ("1000" is kept as "1k")."""
+    if not q.isdigit() or int(q) == 0:
+        return q
+    n, exp = int(q), 0
+    while n % 1000 == 0 and exp < 18:
+        n, exp = n // 1000, exp + 3
+    return f"{n}{_SUFFIXES[exp]}"
+
+
+def _canonical_capacities(obj: dict[str, Any]) -> None:
+    """What the real server does to a slice's consumable capacities on write: the quantities come
+    back canonical, not as sent."""
+    for dev in obj.get("spec", {}).get("devices", []):
+        for cap in (dev.get("capacity") or {}).values():
+            cap["value"] = _canonical(str(cap["value"]))
+            policy = cap.get("requestPolicy") or {}
+            if "default" in policy:
+                policy["default"] = _canonical(str(policy["default"]))
+            for k, v in (policy.get("validRange") or {}).items():
+                policy["validRange"][k] = _canonical(str(v))
