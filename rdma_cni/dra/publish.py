@@ -19,6 +19,7 @@ deletes them.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -56,17 +57,16 @@ _SI = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E":
        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
+_QUANTITY = re.compile(r"(\d+)(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)")
+
+
 def quantity(q: object) -> object:
     """A whole-number quantity as its number ("1k" and "1000" are one), anything else as it is.
     kube-apiserver stores a slice's capacities canonical ("1000" comes back "1k"): compared as sent,
     a shared-mode slice differed from the live one at every refresh and was written again (1.85
     updates per idle node-minute, measured on the test cluster)."""
-    text = str(q)
-    digits = text.rstrip("kMGTPEi")
-    suffix = text[len(digits):]
-    if digits.isdigit() and suffix in _SI:
-        return int(digits) * _SI[suffix]
-    return q
+    m = _QUANTITY.fullmatch(str(q))
+    return int(m.group(1)) * _SI[m.group(2)] if m else q
 
 
 def _by_quantity(device: Doc) -> Doc:
