@@ -154,12 +154,7 @@ class DraApi(KubeServer):
         server = self
 
         class Handler(base):  # type: ignore[valid-type, misc]
-            def _serve(self, method: str) -> None:
-                assert isinstance(self.connection, ssl.SSLSocket)
-                peer = self.connection.getpeercert() or None
-                length = int(self.headers.get("Content-Length") or 0)
-                payload = self.rfile.read(length) if length else b""
-                status, body = server._answer(self.path, dict(self.headers), peer, method, payload)
+            def _reply(self, status: int, body: Any) -> None:
                 if isinstance(body, _Watch):
                     self.close_connection = True
                     self.send_response(200)
@@ -172,12 +167,7 @@ class DraApi(KubeServer):
                     except OSError:
                         pass  # the client went away
                     return
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                super()._reply(status, body)
 
             def _chunk(self, event: dict[str, Any]) -> None:
                 data = json.dumps(event).encode() + b"\n"

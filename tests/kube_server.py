@@ -264,7 +264,7 @@ class KubeServer:
         with self._lock:
             self.requests.append(
                 {"method": method, "path": path, "authorization": "Authorization" in headers, "body": body,
-                 "user-agent": headers.get("User-Agent", "")}  # fmt: skip
+                 "user-agent": headers.get("User-Agent", "")}
             )
             scripted = self.fail_next.pop(0) if self.fail_next else None
         if self.delay:
@@ -381,7 +381,10 @@ def _handler_for(server: KubeServer) -> type[BaseHTTPRequestHandler]:
             peer = self.connection.getpeercert() or None
             length = int(self.headers.get("Content-Length") or 0)
             payload = self.rfile.read(length) if length else b""
-            status, body = server._answer(self.path, dict(self.headers), peer, method, payload)
+            self._reply(*server._answer(self.path, dict(self.headers), peer, method, payload))
+
+        def _reply(self, status: int, body: Any) -> None:
+            """One JSON answer; a server with streamed answers (tests/dra_api.py) overrides this."""
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
