@@ -19,6 +19,14 @@ import pytest
 import suite_plan
 from netns import Node, can_run, node
 
+# Most of the suite runs the plugins with configs that put records, sysfs and logs in each test's
+# own directories, as a node's admin may: the node policy that lets configs decide
+# (rdma_cni.node_policy, trust: configs). Every plugin process the tests start inherits it. The
+# tenant tests (marked tenant) and the shipped-config tests give the policy a node really has.
+TRUST_CONFIGS_POLICY = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "node-policy-trust-configs.json")
+os.environ.setdefault("RDMA_CNI_NODE_POLICY", TRUST_CONFIGS_POLICY)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rdma-cni", "rdma-cni test schedule (tests/suite_plan.py)")

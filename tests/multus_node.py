@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns import policy_env
 
 from tests.kube_server import KubeServer, Pki
 
@@ -196,7 +197,7 @@ class Node:
             args += f";K8S_POD_UID={uid}"
         env = {
             "PATH": os.environ["PATH"],
-            "CNI_COMMAND": command,
+            "CNI_COMMAND": command, **policy_env(),
             "CNI_CONTAINERID": container,
             "CNI_NETNS": f"/var/run/netns/{netns}" if netns else "",
             "CNI_IFNAME": ifname,

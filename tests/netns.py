@@ -225,6 +225,8 @@ class Node:
             "CNI_IFNAME": ifname,
             "CNI_PATH": "/usr/lib/cni:/opt/cni/bin",
             "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p",
+            # the node's policy (tests/conftest.py: configs decide, unless a test gives its own)
+            "RDMA_CNI_NODE_POLICY": os.environ.get("RDMA_CNI_NODE_POLICY", ""),
         }
         if self.mode == "agent":
             env["RDMA_CNI_AGENT_SOCKET"] = self.agent_socket
@@ -399,3 +401,9 @@ def node(mode: str = "in-process") -> Iterator[Node]:
         sh("ip", "netns", "del", n.name, check=False)
         sh("ip", "netns", "del", n.switch, check=False)
         shutil.rmtree(n.tmp, ignore_errors=True)
+
+
+def policy_env() -> dict[str, str]:
+    """The node policy every plugin process of the suite runs under (tests/conftest.py), for a test
+    that builds a plugin's environment from nothing."""
+    return {"RDMA_CNI_NODE_POLICY": os.environ.get("RDMA_CNI_NODE_POLICY", "")}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from netns import children_of, launch_agent
+from netns import children_of, launch_agent, policy_env
 from netns import stop_agent as stop
 from test_agent_probe import SPEC as PROBE
 
@@ -87,7 +87,7 @@ def new_netns(made: list[str]) -> str:
 
 def cni_env(command: str, netns_path: str = "/var/run/netns/none", **extra: str) -> dict[str, str]:
     env = {
-        "CNI_COMMAND": command,
+        "CNI_COMMAND": command, **policy_env(),
         "CNI_CONTAINERID": "c0ffee",
         "CNI_NETNS": netns_path,
         "CNI_IFNAME": "eth0",

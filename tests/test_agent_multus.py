@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns import policy_env
 
 from tests.kube_server import KubeServer, Pki
 from tests.multus_node import ANNOTATION, RESOURCE, Node, addrs, links
@@ -84,7 +85,7 @@ def agent(node: H7Node) -> Iterator[tuple[str, Path, int]]:
 def run(node: H7Node, sock: str, command: str, conf: dict[str, Any], netns: str, uid: str) -> tuple[int, Any]:
     env = {
         "PATH": os.environ["PATH"],
-        "CNI_COMMAND": command,
+        "CNI_COMMAND": command, **policy_env(),
         "CNI_CONTAINERID": "c1",
         "CNI_NETNS": f"/var/run/netns/{netns}",
         "CNI_IFNAME": "eth0",

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from dpnode import RESOURCE, DpNode, bond_cidr, dp_node, wait_for
-from netns import REPO, can_run
+from netns import REPO, can_run, policy_env
 
 from rdma_cni.sim.kubelet import TestKubelet
 from tests.podresources_server import PodResourcesServer
@@ -84,7 +84,7 @@ def multus(d: DpNode, root: Path, command: str, conf: dict[str, Any], netns: str
     env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": REPO,
-        "CNI_COMMAND": command,
+        "CNI_COMMAND": command, **policy_env(),
         "CNI_CONTAINERID": "sandbox-1",
         "CNI_NETNS": netns,
         "CNI_IFNAME": "eth0",

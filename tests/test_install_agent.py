@@ -18,6 +18,7 @@ from typing import Any
 import install_support
 import pytest
 from install_support import PLUGINS, PREFIX, REPO, ask_version, bare_env, installed, need, no_python_path, run
+from netns import policy_env
 
 # scripts/build's bundle, built once per run (tests/install_support.py).
 bundle = install_support.bundle
@@ -120,7 +121,7 @@ def _plugin(
 
     env = {
         "PATH": path,
-        "CNI_COMMAND": command,
+        "CNI_COMMAND": command, **policy_env(),
         "CNI_CONTAINERID": "ship1",
         "CNI_NETNS": pod.path if pod else "",
         "CNI_IFNAME": "net1",

@@ -82,7 +82,8 @@ def test_shared_link_macvlan_is_written_into_the_ipvlan_delegate_and_a_bad_link_
     written = json.loads((root / DELEGATES / "tke-rdma-ipvlan.conf").read_text())
     shipped = json.loads((bundle / "conf/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf").read_text())
     assert written == {**shipped, "link": "macvlan"}
-    bad = install(bundle, tmp_path / "bad", "--mode", "vpc-cni", "--rdma-mode", "shared", "--shared-link", "vlan")
+    bad = install(bundle, tmp_path / "bad", "--mode", "vpc-cni", "--rdma-mode", "shared",
+                  "--shared-link", "vlan")
     assert bad.returncode != 0 and "--shared-link must be ipvlan or macvlan" in bad.stderr
     assert not (tmp_path / "bad").exists()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from ipvlan_support import Shared
-from netns import REPO, Node, Pod
+from netns import REPO, Node, Pod, policy_env
 
 from rdma_cni.sim.node import daemon, wait_watched
 
@@ -48,7 +48,8 @@ class SharedNode:
 
     def run(self, command: str, conf: dict[str, Any], pod: Pod, uid: str) -> tuple[int, Any]:
         env = {
-            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, "CNI_CONTAINERID": uid,
+            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, **policy_env(),
+            "CNI_CONTAINERID": uid,
             "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0", "CNI_PATH": str(self.root / "bin"),
             "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p-{uid};K8S_POD_UID={uid}",
         }  # fmt: skip

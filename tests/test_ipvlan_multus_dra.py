@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from ipvlan_support import Shared
-from netns import REPO, Node, Pod
+from netns import REPO, Node, Pod, policy_env
 
 from rdma_cni.devices.dra_names import DRIVER
 from rdma_cni.sim.node import daemon, wait_watched
@@ -55,7 +55,8 @@ class SharedDra:
 
     def run(self, command: str, pod: Pod, uid: str) -> tuple[int, Any]:
         env = {
-            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, "CNI_CONTAINERID": uid,
+            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, **policy_env(),
+            "CNI_CONTAINERID": uid,
             "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0", "CNI_PATH": str(self.root / "bin"),
             "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p-{uid};K8S_POD_UID={uid}",
         }  # fmt: skip

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 from ipvlan_support import Shared, ip_of
-from netns import Node, Pod
+from netns import Node, Pod, policy_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.both_modes]
 
@@ -401,7 +401,7 @@ def test_a_cold_add_and_del_with_ipv4_and_ipv6_load_no_pyroute2(node_ns: Node) -
     conf = s.config(masters=masters(2))
     for command in ("ADD", "DEL"):
         env = {
-            "CNI_COMMAND": command,
+            "CNI_COMMAND": command, **policy_env(),
             "CNI_CONTAINERID": "cold",
             "CNI_NETNS": pod.path,
             "CNI_IFNAME": "net1",

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from netns import Node
+from netns import Node, policy_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ def run_verb(command: str, tmp: str, master: str, netns: str) -> dict[str, objec
     conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-macvlan", "masters": [master],
             "dataDir": os.path.join(tmp, "data"), "runDir": os.path.join(tmp, "run"), "logFile": "",
             "rdma": {"required": False}}
-    env = {"CNI_COMMAND": command, "CNI_PATH": "/usr/lib/cni"}
+    env = {"CNI_COMMAND": command, **policy_env(), "CNI_PATH": "/usr/lib/cni"}
     proc = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", RUN, json.dumps(env),
                            json.dumps(conf)], capture_output=True, text=True, cwd="/",
                           env={**os.environ, "PYTHONPATH": REPO, "RDMA_CNI_AGENT": "off"}, check=True)

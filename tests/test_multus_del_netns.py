@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from netns import policy_env
 
 from tests import multus_node
 from tests.kube_server import KubeServer
@@ -67,7 +68,7 @@ def test_kill_9_between_delegates_then_del_restores_everything(
     conf = node.config(api.kubeconfig(tmp_path / "kc"))
     pod = node.pod_netns()
     env = {
-        "PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1",
+        "PATH": os.environ["PATH"], "CNI_COMMAND": "ADD", **policy_env(), "CNI_CONTAINERID": "c1",
         "CNI_NETNS": f"/var/run/netns/{pod}", "CNI_IFNAME": "eth0", "CNI_PATH": str(node.bin_dir),
         "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=ibv-app-0",
     }  # fmt: skip

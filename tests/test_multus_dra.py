@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netns import REPO, Node, Pod
+from netns import REPO, Node, Pod, policy_env
 
 from rdma_cni.devices.dra_names import DRIVER
 from rdma_cni.kube import dra_checkpoint
@@ -87,7 +87,8 @@ class DraNode:
 
     def run(self, command: str, pod: Pod, conf: dict[str, Any] | None = None) -> tuple[int, Any]:
         env = {
-            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, "CNI_CONTAINERID": "c1",
+            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, **policy_env(),
+            "CNI_CONTAINERID": "c1",
             "CNI_NETNS": pod.path, "CNI_IFNAME": "eth0", "CNI_PATH": str(self.root / "bin"),
             "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=ibv-app-0;K8S_POD_UID=u-1",
         }  # fmt: skip

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from netns import policy_env
 
 from tests import multus_node
 from tests.kube_server import KubeServer
@@ -225,7 +226,7 @@ def test_concurrent_pods_each_get_their_networks_and_the_token_is_never_logged(
 
     def run(command: str, i: int) -> subprocess.CompletedProcess[str]:
         env = {
-            "PATH": os.environ["PATH"], "CNI_COMMAND": command, "CNI_CONTAINERID": f"c{i}",
+            "PATH": os.environ["PATH"], "CNI_COMMAND": command, **policy_env(), "CNI_CONTAINERID": f"c{i}",
             "CNI_NETNS": f"/var/run/netns/{pods[i]}", "CNI_IFNAME": "eth0", "CNI_PATH": str(node.bin_dir),
             "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=ibv-app-0",
         }  # fmt: skip

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from netns import REPO, Node, Pod
+from netns import REPO, Node, Pod, policy_env
 
 from rdma_cni.sim.node import daemon, wait_watched
 from tests.podresources_server import PodResourcesServer
@@ -67,7 +67,8 @@ class Rdma8:
 
     def run(self, command: str, conf: dict[str, Any], pod: Pod | None, uid: str = "u-1") -> tuple[int, Any]:
         env = {
-            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, "CNI_CONTAINERID": "c1",
+            "PATH": os.environ["PATH"], "PYTHONPATH": REPO, "CNI_COMMAND": command, **policy_env(),
+            "CNI_CONTAINERID": "c1",
             "CNI_NETNS": pod.path if pod else "", "CNI_IFNAME": "eth0", "CNI_PATH": str(self.root / "bin"),
             "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=ibv-app-0;K8S_POD_UID={uid}",
         }  # fmt: skip

@@ -46,6 +46,9 @@ class DeviceHolders:
     others: Mapping[str, str]  # device ID -> the other pod holding it ("pod ns/name" or "pod UID u")
     served: bool  # kubelet hands the resource out on this node (allocatable, or registered)
     source: str  # where it was read, for messages
+    # The node's policy: a bond opens only to the pod kubelet allocated it to (rdma_cni.node_policy),
+    # so a pod holding none gets none, whether or not kubelet serves the resource.
+    only_allocated: bool = False
 
 
 def pod_view(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rdma_cni import log as logconf
+from rdma_cni import node_policy
 from rdma_cni.cni.errors import (
     CHECK_FAILED,
     GID_TIMEOUT,
@@ -64,14 +65,26 @@ class BondView:
     routes: list[Record] = field(default_factory=list)
 
 
+PLUGIN = "rdma-ipvlan"
+
+
 def _config(req: Request) -> tuple[IpvlanConfig, Pools]:
-    cfg, pools = parse_config(req.config)
+    """ADD/CHECK/STATUS: the config read through the node's policy, which refuses (7) any key that
+    would widen what the node decided (:mod:`rdma_cni.node_policy`), before anything is touched."""
+    policy = node_policy.load(req.env)
+    cfg, pools = parse_config(policy.narrow(req.config, PLUGIN))
     logconf.configure(cfg.log_file, cfg.log_level)
+    if policy.enforced:
+        node_bonds = policy.node_bonds(sysfs.default_masters(cfg.sysfs_root) if policy.bonds is None else ())
+        policy.check_masters(cfg.masters, node_bonds)
+        if cfg.masters is None and policy.bonds is not None:
+            cfg = dataclasses.replace(cfg, masters=list(policy.bonds))
     return cfg, pools
 
 
 def _cleanup_config(req: Request) -> IpvlanConfig:
-    cfg, dropped = parse_del_config(req.config)
+    """DEL/GC: the node's paths whatever the config names; a bad key falls back to its default."""
+    cfg, dropped = parse_del_config(node_policy.load(req.env).narrow(req.config, PLUGIN, cleanup=True))
     logconf.configure(cfg.log_file, cfg.log_level)
     for problem in dropped:
         log.warning(

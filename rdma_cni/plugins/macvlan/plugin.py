@@ -17,6 +17,7 @@ attachment the runtime no longer lists. STATUS: could an ADD succeed now. See
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -25,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni import log as logconf
+from rdma_cni import node_policy
 from rdma_cni.cni import invoke
 from rdma_cni.cni.errors import (
     CHECK_FAILED,
@@ -33,6 +35,7 @@ from rdma_cni.cni.errors import (
     IO_FAILURE,
     NETLINK_FAILURE,
     STATUS_UNAVAILABLE,
+    TRY_AGAIN_LATER,
     CniError,
 )
 from rdma_cni.cni.request import Request
@@ -75,16 +78,34 @@ KNOWN_ARGS = frozenset({"MAC"})
 PINNED_LOOK_S = 0.1  # how often ADD looks again for a named bond's pin to clear
 
 
+PLUGIN = "rdma-macvlan"
+
+
 def _config(req: Request) -> MacvlanConfig:
-    cfg = parse_config(req.config)
+    return _add_config(req)[0]
+
+
+def _add_config(req: Request) -> tuple[MacvlanConfig, node_policy.NodePolicy]:
+    """ADD/CHECK: the config read through the node's policy, which refuses (7) any key that would
+    widen what the node decided (:mod:`rdma_cni.node_policy`), before anything is touched."""
+    policy = node_policy.load(req.env)
+    cfg = parse_config(policy.narrow(req.config, PLUGIN))
     logconf.configure(cfg.log_file, cfg.log_level)
-    return cfg
+    if policy.enforced:
+        node_bonds = policy.node_bonds(sysfs.default_masters(cfg.sysfs_root) if policy.bonds is None else ())
+        policy.check_masters(cfg.masters, node_bonds)
+        policy.check_resource(cfg.resource_name)
+        if cfg.masters is None and policy.bonds is not None:
+            cfg = dataclasses.replace(cfg, masters=list(policy.bonds))
+    return cfg, policy
 
 
 def _cleanup_config(req: Request) -> MacvlanConfig:
     """DEL/GC: a config problem must not keep the host from getting its bonds back (see
-    :func:`parse_del_config`); what was left out is logged."""
-    cfg, dropped = parse_del_config(req.config)
+    :func:`parse_del_config`); what was left out is logged. The node's paths, whatever the config
+    names (:meth:`.NodePolicy.narrow` with ``cleanup``)."""
+    raw = node_policy.load(req.env).narrow(req.config, PLUGIN, cleanup=True)
+    cfg, dropped = parse_del_config(raw)
     logconf.configure(cfg.log_file, cfg.log_level)
     for problem in dropped:
         log.warning("%s %s/%s: %s; using its default to clean up", req.command, req.container_id,
@@ -97,7 +118,7 @@ class MacvlanPlugin:
 
     # ---------------------------------------------------------------- ADD
     def add(self, req: Request) -> Result:
-        cfg = _config(req)
+        cfg, policy = _add_config(req)
         fp = tx.Failpoints(req.env)
         state = NodeState(cfg.data_dir)
         ns = open_netns(req.netns)
@@ -108,7 +129,7 @@ class MacvlanPlugin:
                 # Before the node lock (every other ADD of the node waits for it): the config's
                 # bonds are looked up and checked once, here.
                 known = _configured_masters(host, cfg.masters) if cfg.masters else {}
-                kubelet = _kubelet_view(req, cfg)  # a gRPC question: never under the node lock
+                kubelet = _kubelet_view(req, cfg, policy)  # a gRPC question: never under the node lock
                 rec, ctx = self._write_ahead_when_unpinned(req, cfg, state, fp, host, pod, ns, known, kubelet)
                 return self._transact(req, cfg, state, rec, ctx)
             finally:
@@ -511,7 +532,7 @@ class MacvlanPlugin:
     # ---------------------------------------------------------------- STATUS
     def status(self, req: Request) -> None:
         # Only the keys STATUS reads: it may be asked every few seconds.
-        cfg = parse_status_config(req.config, DEFAULT_DATA_DIR)
+        cfg = parse_status_config(node_policy.load(req.env).narrow(req.config, PLUGIN), DEFAULT_DATA_DIR)
         logconf.configure(cfg.log_file, cfg.log_level)
         state = NodeState(cfg.data_dir)
         try:
@@ -565,22 +586,34 @@ def _note_deadlines(state: NodeState, host: Any, rec: AttachmentRecord, skipped:
             log.warning("%s: noting its addresses' deadlines failed: %s", b.bond, exc)
 
 
-def _kubelet_view(req: Request, cfg: MacvlanConfig) -> DeviceHolders | None:
-    """What kubelet allocated on this node, asked only when this ADD may pick bonds itself (no device
-    ID names them, or a DRA claim's ID that kubelet may have reported twice) for a Kubernetes pod:
-    the pick must respect it (:func:`.select.choose_bonds`)."""
+def _kubelet_view(req: Request, cfg: MacvlanConfig, policy: node_policy.NodePolicy) -> DeviceHolders | None:
+    """What kubelet allocated on this node, for a Kubernetes pod: the pick must respect it
+    (:func:`.select.choose_bonds`). Where the node's policy says bonds come from kubelet, asked for
+    every such pod, and a pod whose allocation cannot be read gets no bond (error 11 saying why);
+    else asked only when this ADD may pick bonds itself (no device ID names them, or a DRA claim's
+    ID that kubelet may have reported twice)."""
     ids = requested_device_ids(req)
     name = req.args.get("K8S_POD_NAME", "")
-    if (ids and not any(is_opaque(i) or claim_device(i) for i in ids)) or not name:
+    strict = policy.enforced and policy.bonds_from == node_policy.BONDS_FROM_KUBELET
+    if not name or (not strict and ids and not any(is_opaque(i) or claim_device(i) for i in ids)):
         return None
     from rdma_cni.devices.dra_names import DRIVER
     from rdma_cni.kube import allocated
 
     pod = allocated.PodRef(req.args.get("K8S_POD_NAMESPACE", ""), name, req.args.get("K8S_POD_UID", ""))
     got = allocated.pod_view(pod, cfg.resource_name, DRIVER, cfg.pod_resources(), cfg.device_plugin_dir)
+    if got is None and strict:
+        raise CniError(
+            TRY_AGAIN_LATER,
+            f"pod {pod.namespace}/{pod.name}: kubelet's device allocation cannot be read (no PodResources "
+            f"socket in {cfg.pod_resources()}, no checkpoint in {cfg.device_plugin_dir}), and on this node "
+            f"bonds go only to the pods kubelet allocated them to ({policy.where()}, bondsFrom: kubelet)",
+        )
     if got is None:
         log.info("ADD %s/%s: no kubelet device allocation to respect (no PodResources, no checkpoint)",
                  req.container_id, req.ifname)
+    elif strict:
+        got = dataclasses.replace(got, only_allocated=True)
     return got
 
 

@@ -112,6 +112,8 @@ def choose_bonds(
         wanted = [b for b in wanted if b not in again]
         opaque += len(again)
     _check_enough(masters, len(wanted) + opaque, "count" if not ids else "")
+    if kubelet is not None and kubelet.only_allocated and wanted:
+        _check_allocated(req, wanted, alias_map, kubelet)
     for bond in wanted:
         holder = pins.get(bond)
         if holder is not None and holder != me:
@@ -122,7 +124,7 @@ def choose_bonds(
     candidates: list[str] = list(masters)
     taken: dict[str, str] = {}
     if kubelet is not None and opaque:
-        own_only = not ids or bool(again)
+        own_only = not ids or bool(again) or kubelet.only_allocated
         candidates, taken = _kubelet_bounds(req, masters, alias_map, kubelet, pins, opaque, not own_only)
     free: list[str] = []
     unusable: list[str] = []
@@ -204,7 +206,7 @@ def _kubelet_bounds(
                 f"more (read from {kubelet.source})",
             )
         return left, taken
-    if kubelet.served:
+    if kubelet.served or kubelet.only_allocated:
         raise CniError(
             INVALID_CONFIG,
             f"{who} holds no {kubelet.resource} device, and kubelet hands them out on this node: a bond "
@@ -212,6 +214,26 @@ def _kubelet_bounds(
             f"(read from {kubelet.source})",
         )
     return list(masters), taken
+
+
+def _check_allocated(req: Request, wanted: Sequence[str], alias_map: Mapping[str, set[str]],
+                     kubelet: DeviceHolders) -> None:
+    """Every bond a device ID names (from a meta plugin, an annotation, a NAD, runtimeConfig or
+    CNI_ARGS) must be one kubelet allocated to this pod: the ID alone proves nothing."""
+    bond_of = {name: m for m, names in alias_map.items() for name in names}
+    mine = {bond_of[d] for d in kubelet.mine if d in bond_of}
+    mine |= {bond_of[c] for d in kubelet.mine if (c := claim_device(d) or "") in bond_of}
+    for bond in wanted:
+        if bond in mine:
+            continue
+        holder = next((who for d, who in kubelet.others.items() if bond_of.get(d) == bond), "no pod")
+        raise CniError(
+            INVALID_CONFIG,
+            f"the device ID for {bond} names a bond kubelet allocated to {holder}, not to {_pod(req)} "
+            f"(its {kubelet.resource} allocation: {', '.join(sorted(mine)) or 'none'}; read from "
+            f"{kubelet.source}): a pod gets only the bonds kubelet allocated to it; remove the deviceID "
+            "from the annotation or network config",
+        )
 
 
 def _pod(req: Request) -> str:

@@ -6,6 +6,12 @@ gives (else the pod's), whose ``spec.config`` is the delegate's config (a list o
 a config without ``name`` takes the object's name). The object's
 ``k8s.v1.cni.cncf.io/resourceName`` annotation names its device-plugin resource, as with Multus.
 Only ADD reads the API: the plan stores the config bytes, so DEL, CHECK and GC never need it.
+
+A NAD is written by a namespace user, not the node's admin, so the node's policy
+(:class:`rdma_cni.node_policy.Networks`) bounds it as Multus's ``namespaceIsolation`` does: a pod
+reads NADs of its own namespace and of ``globalNamespaces`` only, and a NAD may name only the
+delegate types the node allows (never, by default, one that takes a host interface away). A config
+file in ``confDir`` is the node's and is not bounded.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 from rdma_cni.cni import conflist
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError
+from rdma_cni.node_policy import Networks
 from rdma_cni.plugins.multus.config import MultusConfig
 from rdma_cni.plugins.multus.networks import NetworkSelection
 from rdma_cni.plugins.multus.pod import PodView
@@ -25,7 +32,10 @@ log = logging.getLogger("rdma_cni.multus")
 RESOURCE_ANNOTATION = "k8s.v1.cni.cncf.io/resourceName"
 
 
-def load_network(cfg: MultusConfig, sel: NetworkSelection, pod: PodView) -> conflist.NetworkConfigList:
+def load_network(
+    cfg: MultusConfig, sel: NetworkSelection, pod: PodView, bounds: Networks | None = None
+) -> conflist.NetworkConfigList:
+    """The network ``sel`` names: the node's file in ``confDir``, else its NAD within ``bounds``."""
     try:
         return conflist.load(cfg.conf_dir, sel.name)
     except conflist.NetworkNotFound as missing:
@@ -43,7 +53,38 @@ def load_network(cfg: MultusConfig, sel: NetworkSelection, pod: PodView) -> conf
                 f"network {sel.name}: {missing.msg}, and the pod's namespace is unknown (no "
                 "K8S_POD_NAMESPACE in CNI_ARGS): name it as namespace/name in the annotation",
             ) from missing
-        return _from_definition(cfg, pod, namespace, sel.name)
+        if bounds is not None:
+            _check_namespace(bounds, pod, namespace, sel.name)
+        net = _from_definition(cfg, pod, namespace, sel.name)
+        if bounds is not None:
+            _check_types(bounds, net, f"NetworkAttachmentDefinition {namespace}/{sel.name}")
+        return net
+
+
+def _check_namespace(bounds: Networks, pod: PodView, namespace: str, name: str) -> None:
+    if bounds.namespace_allowed(pod.namespace, namespace):
+        return
+    allowed = ", ".join([pod.namespace, *bounds.global_namespaces])
+    raise CniError(
+        INVALID_CONFIG,
+        f"network {namespace}/{name}: pod {pod.namespace}/{pod.name} may not use a "
+        f"NetworkAttachmentDefinition of namespace {namespace} (namespaceIsolation: only "
+        f"{allowed}; the node's admin decides it in the node policy's networks.globalNamespaces): create "
+        "the NAD in the pod's namespace",
+    )
+
+
+def _check_types(bounds: Networks, net: conflist.NetworkConfigList, what: str) -> None:
+    for plugin in net.plugins:
+        kind = str(plugin.get("type", ""))
+        if not bounds.type_allowed(kind):
+            raise CniError(
+                INVALID_CONFIG,
+                f"{what}: plugin type {kind!r} may not be named by a NetworkAttachmentDefinition on this "
+                "node (it can take a host interface, or run with paths the node did not choose; the node's "
+                "admin decides it in the node policy's networks.allowedTypes/deniedTypes): use rdma-macvlan "
+                "or rdma-ipvlan, or ask the node's admin",
+            )
 
 
 def _from_definition(

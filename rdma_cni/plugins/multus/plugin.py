@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni import log as rdma_log
+from rdma_cni import node_policy
 from rdma_cni.cni import conflist
 from rdma_cni.cni.cache import ResultCache
 from rdma_cni.cni.errors import (
@@ -149,15 +150,20 @@ class Multus:
             status_network(net, dirs, req.env, cfg.delegate_timeout)
 
 
+PLUGIN = "rdma-multus"
+
+
 def _config(req: Request) -> MultusConfig:
-    cfg = parse_config(req.config)
+    """ADD/CHECK/STATUS: read through the node's policy (a NAD may name rdma-multus too, and its
+    kubeconfig, confDir, binDirs and cacheDir are the node's to choose: :mod:`rdma_cni.node_policy`)."""
+    cfg = parse_config(node_policy.load(req.env).narrow(req.config, PLUGIN))
     rdma_log.configure(cfg.log_file, cfg.log_level)
     return cfg
 
 
 def _cleanup_config(req: Request) -> MultusConfig:
     """DEL/GC: a config problem must not keep the pod's networks from being deleted."""
-    cfg, problems = parse_cleanup_config(req.config)
+    cfg, problems = parse_cleanup_config(node_policy.load(req.env).narrow(req.config, PLUGIN, cleanup=True))
     rdma_log.configure(cfg.log_file, cfg.log_level)
     for problem in problems:
         log.warning(
@@ -284,8 +290,10 @@ def _plan(req: Request, cfg: MultusConfig, pod: PodView, wanted: Sequence[_Wante
     dirs = cfg.delegate_dirs(req.path)
     delegates = []
     claimed = False
+    policy = node_policy.load(req.env)
+    bounds = policy.networks if policy.enforced else None
     for w in wanted:
-        net = load_network(cfg, w.selection, pod)
+        net = load_network(cfg, w.selection, pod, bounds)
         for plugin in net.plugins:
             # Fail before anything runs when a binary is missing: a rollback is never free.
             find_plugin(str(plugin["type"]), dirs)
