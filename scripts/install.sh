@@ -7,6 +7,8 @@
 #                   [--mode vpc-cni|global-router] [--kubelet-root-dir DIR] [--host-root DIR]
 #                   [--rdma-mode exclusive|shared [--shared-link ipvlan|macvlan]]
 #                   [--kubeconfig-from-serviceaccount]
+#                   [--bonds LIST] [--namespace-isolation true|false] [--global-namespaces LIST]
+#                   [--allowed-types LIST]
 #                   [--uninstall [--force]]
 #
 #   --bundle DIR        the built bundle (default: this script's dir when it holds one, else
@@ -32,6 +34,18 @@
 #   --kubeconfig-from-serviceaccount
 #                       write CONF_DIR/rdma-multus.d/rdma-multus.kubeconfig from this pod's service
 #                       account token (run inside the DaemonSet)
+#   --bonds LIST        the node policy's bonds, comma-separated (default: every netdev that backs an
+#                       RDMA device). Network configs may only name these.
+#   --namespace-isolation true|false
+#                       a pod may use NetworkAttachmentDefinitions of its own namespace (and of
+#                       --global-namespaces) only (default true)
+#   --global-namespaces LIST
+#                       namespaces whose NADs every pod may use (default: default)
+#   --allowed-types LIST
+#                       the only delegate types a NAD may name (default: any but host-device, sriov,
+#                       ib-sriov, dpdk and the meta plugins)
+#                       These four and the paths above are written to /etc/rdma-cni/node-policy.json,
+#                       which every plugin reads: a network config may only narrow it.
 #   --uninstall         remove what install put there, meta config first; refuses while pods still
 #                       hold bonds (their DEL needs the plugin) unless --force
 #
@@ -61,6 +75,11 @@ names="rdma-macvlan rdma-ipvlan rdma-multus cni-tool rdma-agent"
 state_dir=/var/lib/cni/rdma-macvlan
 shared_state_dir=/var/lib/cni/rdma-ipvlan  # tke-rdma-ipvlan's dataDir: the pods' addresses
 dp_conf=/etc/rdma-cni/device-plugin.yaml   # node path: the DaemonSet's device plugin reads it
+node_policy=/etc/rdma-cni/node-policy.json  # node path: every plugin reads it (rdma_cni/node_policy.py)
+policy_bonds=""
+ns_isolation=true
+global_namespaces=default
+allowed_types=""
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -75,7 +94,11 @@ while [ $# -gt 0 ]; do
         --kubeconfig-from-serviceaccount) sa_kubeconfig=1; shift ;;
         --uninstall) uninstall=1; shift ;;
         --force) force=1; shift ;;
-        -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+        --bonds) policy_bonds=$2; shift 2 ;;
+        --namespace-isolation) ns_isolation=$2; shift 2 ;;
+        --global-namespaces) global_namespaces=$2; shift 2 ;;
+        --allowed-types) allowed_types=$2; shift 2 ;;
+        -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -107,6 +130,18 @@ case "$shared_link" in
     ipvlan|macvlan) ;;
     *) die "--shared-link must be ipvlan or macvlan (kernels without IPVLAN), got '$shared_link'" ;;
 esac
+case "$ns_isolation" in
+    true|false) ;;
+    *) die "--namespace-isolation must be true or false, got '$ns_isolation'" ;;
+esac
+check_list() { # check_list OPTION VALUE: comma-separated names
+    case "$2" in
+        *[!A-Za-z0-9._,-]*) die "$1 is a comma-separated list of names (letters, digits, . _ -), got '$2'" ;;
+    esac
+}
+check_list --bonds "$policy_bonds"
+check_list --global-namespaces "$global_namespaces"
+check_list --allowed-types "$allowed_types"
 
 BIN="$host_root$bin_dir"
 CONF="$host_root$conf_dir"
@@ -115,6 +150,7 @@ DELEGATE_DIR="$CONF/rdma-multus.d"
 META="$CONF/00-rdma-multus.conflist"
 SHARED_DELEGATE="$DELEGATE_DIR/tke-rdma-ipvlan.conf"
 DP_CONF="$host_root$dp_conf"
+POLICY="$host_root$node_policy"
 
 # rename(2) over the target: readers see the old file or the new one.
 replace() { # replace SRC_TMP DEST
@@ -162,7 +198,7 @@ do_uninstall() {
     fi
     # Meta config first, so the runtime stops choosing a network whose plugins are going away.
     for f in "$META" "$SHARED_DELEGATE" "$DELEGATE_DIR/tke-rdma-macvlan.conf" \
-        "$DELEGATE_DIR/rdma-multus.kubeconfig" "$DP_CONF"; do
+        "$DELEGATE_DIR/rdma-multus.kubeconfig" "$DP_CONF" "$POLICY"; do
         if [ -e "$f" ]; then rm -f "$f"; say "removed $f"; fi
     done
     rmdir "$DELEGATE_DIR" "$(dirname "$DP_CONF")" 2>/dev/null || true
@@ -272,6 +308,42 @@ check_rdma_mode_switch() {
     say "switching the RDMA mode from $was to $rdma_mode"
 }
 
+json_list() { # json_list a,b -> ["a", "b"]; "" -> the second argument (null or [])
+    [ -n "$1" ] || { echo "$2"; return 0; }
+    echo "[\"$(echo "$1" | sed 's/,/", "/g')\"]"
+}
+
+# The node's policy (rdma_cni/node_policy.py): what no network config may widen. Written before the
+# configs, so a config is never read under an older policy than the one it was written for.
+write_node_policy() {
+    mkdir -p "$(dirname "$POLICY")"
+    write_file "$POLICY" 644 <<EOF
+{
+  "trust": "node",
+  "bonds": $(json_list "$policy_bonds" null),
+  "bondsFrom": "kubelet",
+  "rdmaRequired": true,
+  "netnsMode": "shared",
+  "ipamTypes": [],
+  "resources": ["tke.cloud.tencent.com/tke-shared-rdma"],
+  "paths": {
+    "rdma-macvlan": {"kubeletRootDir": "$kubelet_root"},
+    "rdma-ipvlan": {"link": "$shared_link"},
+    "rdma-multus": {
+      "confDir": "$conf_dir/rdma-multus.d",
+      "kubeconfig": "$conf_dir/rdma-multus.d/rdma-multus.kubeconfig",
+      "kubeletRootDir": "$kubelet_root"
+    }
+  },
+  "networks": {
+    "namespaceIsolation": $ns_isolation,
+    "globalNamespaces": $(json_list "$global_namespaces" "[]"),
+    "allowedTypes": $(json_list "$allowed_types" null)
+  }
+}
+EOF
+}
+
 # The device plugin's pools and the delegate config it follows (masters, dataDir, runDir).
 write_device_plugin_conf() {
     mkdir -p "$(dirname "$DP_CONF")"
@@ -299,6 +371,7 @@ install_configs() {
             die "--rdma-mode shared: no conf/shared-mode/rdma-multus.d/tke-rdma-ipvlan.conf in bundle $bundle"
     fi
     mkdir -p "$DELEGATE_DIR"
+    write_node_policy
     # Delegates first, meta config last: the runtime never picks a network whose parts are missing.
     # The device plugin config after the delegate it names, before the old mode's delegate goes.
     write_file "$DELEGATE_DIR/tke-rdma-macvlan.conf" 644 < "$src/vpc-cni/rdma-multus.d/tke-rdma-macvlan.conf"

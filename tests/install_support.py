@@ -11,6 +11,7 @@ Every check runs the installed binaries with no Python reachable (``bare_env``: 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -113,16 +114,13 @@ def daemonset_commands(rdma_mode: str | None = None) -> list[list[str]]:
     assert env["RDMA_MODE"] == refresh_env["RDMA_MODE"] == "exclusive"  # the shipped default
     if rdma_mode is not None:
         env["RDMA_MODE"] = rdma_mode
-    first = [init["command"][0]] + [
-        a.replace("$(CLUSTER_MODE)", env["CLUSTER_MODE"])
-        .replace("$(KUBELET_ROOT_DIR)", env["KUBELET_ROOT_DIR"])
-        .replace("$(RDMA_MODE)", env["RDMA_MODE"])
-        for a in init["args"]
-    ]
+    first = [init["command"][0]]
+    first += [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in init["args"]]
     loop = next(c for c in pod["containers"] if c["name"] == "refresh")["args"][0]
     body = loop[loop.index("/opt/rdma-cni/install.sh") :].split("\ndone")[0]
     second = [w.strip('"') for w in body.replace("\\\n", " ").split()]
-    second = [env[w[1:]] if w in ("$CLUSTER_MODE", "$KUBELET_ROOT_DIR", "$RDMA_MODE") else w for w in second]
+    refresh_env.update(RDMA_MODE=env["RDMA_MODE"])
+    second = [refresh_env[w[1:]] if w.startswith("$") else w for w in second]
     return [first, second]
 
 

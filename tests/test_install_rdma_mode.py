@@ -1,5 +1,6 @@
 """install.sh's ``--rdma-mode``: the shared mode's delegate config and the device plugin's pools,
-the exclusive mode's, the install without it byte for byte the one before the option, idempotence,
+the exclusive mode's, the install without it byte for byte the one before the option (the node policy
+aside), idempotence,
 bad values, uninstall, switching modes while pods hold bonds or addresses, and the DaemonSet's
 install commands with ``RDMA_MODE=shared``. The bundle: ``tests/install_support.py``.
 """
@@ -22,6 +23,7 @@ DELEGATES = "etc/cni/net.d/rdma-multus.d"
 
 
 DP_CONF = "etc/rdma-cni/device-plugin.yaml"
+NODE_POLICY = "etc/rdma-cni/node-policy.json"
 
 
 BEFORE_RDMA_MODE = "fccef42"  # the last commit whose install.sh had no --rdma-mode
@@ -116,8 +118,12 @@ def test_without_rdma_mode_the_install_is_byte_for_byte_the_previous_one(
         before = run([str(old), "--bundle", str(bundle), "--host-root", str(roots[0]), *args])
         now = install(bundle, roots[1], *args)
         assert before.returncode == now.returncode == 0, now.stderr
+        # and the node policy, which every install writes since (tests/test_install_node_policy.py)
+        policy = roots[1] / NODE_POLICY
+        assert json.loads(policy.read_text())["trust"] == "node"
+        policy.unlink()
+        (roots[1] / "etc/rdma-cni").rmdir()
         assert _contents(roots[0]) == _contents(roots[1]), args
-        assert not (roots[1] / "etc/rdma-cni").exists()
 
 
 def test_shared_install_is_idempotent(bundle: Path, tmp_path: Path) -> None:

@@ -86,3 +86,15 @@ helm.sh/hook: pre-delete
 helm.sh/hook-weight: "-10"
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded,hook-failed
 {{- end }}
+
+{{/* The node policy's values (nodePolicy), as the install.sh options' environment. */}}
+{{- define "rdma-cni.policyEnv" -}}
+- name: POLICY_BONDS
+  value: {{ join "," .Values.nodePolicy.bonds | quote }}
+- name: POLICY_NAMESPACE_ISOLATION
+  value: {{ .Values.nodePolicy.namespaceIsolation | quote }}
+- name: POLICY_GLOBAL_NAMESPACES
+  value: {{ join "," .Values.nodePolicy.globalNamespaces | quote }}
+- name: POLICY_ALLOWED_TYPES
+  value: {{ join "," .Values.nodePolicy.allowedDelegateTypes | quote }}
+{{- end -}}
