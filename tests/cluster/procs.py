@@ -65,6 +65,13 @@ def in_namespaces(argv: Sequence[str], netns: str | None = None, mntns: str | No
     return [*cmd, "--", *argv]
 
 
+def node_env() -> dict[str, str]:
+    """This process's environment without the suite's node policy (tests/conftest.py): a cluster
+    node's plugins read the policy its own install wrote (/etc/rdma-cni/node-policy.json), as on a
+    real node."""
+    return {k: v for k, v in os.environ.items() if k != "RDMA_CNI_NODE_POLICY"}
+
+
 def spawn(
     name: str,
     argv: Sequence[str],
@@ -83,7 +90,7 @@ def spawn(
             stdout=out,
             stderr=out,
             start_new_session=True,
-            env=env,
+            env=env if env is not None else node_env(),
         )
     return Proc(name, popen.pid, start_time(popen.pid), str(log))
 
