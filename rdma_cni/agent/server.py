@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from rdma_cni.agent import namespaces, prefault, worker
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.plugins import Registry
+from rdma_cni.kube import sockets
 from rdma_cni.kube.sockets import socket_inode
 from rdma_cni.net.rtnl import light_pyroute2
 
@@ -192,6 +193,7 @@ class Agent:
         os.chmod(tmp, 0o600)
         os.chown(tmp, 0, 0)
         sock.listen(128)
+        sockets.make_private(tmp)  # its directory too: nobody else may put a socket in its place
         os.rename(tmp, path)
         sock.set_inheritable(False)
         self._listener = sock

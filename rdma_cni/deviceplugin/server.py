@@ -34,6 +34,7 @@ from rdma_cni.deviceplugin.cdi import PoolCdi
 from rdma_cni.devices import allocation, shared
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.pools import PoolSnapshot, SharedSnapshot, virtual_ids
+from rdma_cni.kube import sockets
 from rdma_cni.proto import deviceplugin_v1beta1_pb2 as pb
 from rdma_cni.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -289,5 +290,6 @@ def serve(service: DevicePluginService, socket_path: str) -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="dp-grpc"))
     pb_grpc.add_DevicePluginServicer_to_server(service, server)
     server.add_insecure_port(f"unix:{socket_path}")
+    sockets.make_private(socket_path)  # before start(): nobody else may ask for an allocation
     server.start()
     return server

@@ -158,6 +158,7 @@ class Driver:
                              f"not {ref.uid!r}: it was deleted and created again")
         try:
             ours = claims.allocated(obj, names.DRIVER, self.node)
+            claims.driver_config(obj, names.DRIVER)  # user input: decoded strictly, before any write
         except claims.ClaimShapeError as e:
             raise ClaimError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"ResourceClaim {ref.namespace}/{ref.name}: {e}") from None

@@ -28,6 +28,7 @@ import grpc
 from rdma_cni.dra import health, names
 from rdma_cni.dra.driver import ClaimError, ClaimRef, Driver
 from rdma_cni.dra.table import Source
+from rdma_cni.kube import sockets
 from rdma_cni.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from rdma_cni.proto import pluginregistration_v1_pb2 as reg_pb
 from rdma_cni.proto import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -147,6 +148,7 @@ def serve_dra(driver: Driver, socket_path: str, board: Source | None = None) -> 
     if board is not None:
         health.add_to_server(board, driver.node, server)
     server.add_insecure_port(f"unix:{socket_path}")
+    sockets.make_private(socket_path)  # before start(): only kubelet (root) may prepare a claim
     server.start()
     return server
 
@@ -155,5 +157,6 @@ def serve_registration(registration: Registration, socket_path: str) -> grpc.Ser
     server = _server("dra-reg")
     reg_grpc.add_RegistrationServicer_to_server(registration, server)
     server.add_insecure_port(f"unix:{socket_path}")
+    sockets.make_private(socket_path)  # before start(): only kubelet (root) may prepare a claim
     server.start()
     return server
