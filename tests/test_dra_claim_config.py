@@ -54,3 +54,24 @@ def test_a_config_the_driver_does_not_define_is_refused_naming_the_field(
         driver_config(claim(config), DRIVER)
     for name in names:
         assert name in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"status": [1]},  # found by the fuzzer (dra-claim): AttributeError before the fix
+        {"status": {"allocation": [1]}},
+        {"status": {"allocation": {"devices": "x"}}},
+        {"status": {"allocation": {"devices": {"results": {}}}}},
+        {"metadata": [1], "status": {"allocation": {"devices": {"results": []}}}},
+    ],
+)
+def test_a_claim_of_the_wrong_shape_is_a_shape_error_never_a_crash(obj: dict[str, Any]) -> None:
+    from rdma_cni.dra.claims import allocated, uid_of
+
+    for read in (lambda: allocated(obj, DRIVER, "node-a"), lambda: driver_config(obj, DRIVER)):
+        try:
+            read()
+        except ClaimShapeError:
+            pass
+    assert isinstance(uid_of(obj), str)

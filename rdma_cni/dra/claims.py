@@ -33,10 +33,10 @@ class ClaimShapeError(ValueError):
 
 def allocated(claim: dict[str, Any], driver: str, pool: str) -> list[Allocated]:
     """The results of ``claim``'s allocation that are ``driver``'s in ``pool``, in the claim's order."""
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = _object(claim, "status").get("allocation")
     if not isinstance(allocation, dict):
         raise ClaimShapeError("the claim is not allocated (status.allocation is empty)")
-    results = (allocation.get("devices") or {}).get("results") or []
+    results = _object(allocation, "devices", "status.allocation.").get("results") or []
     if not isinstance(results, list):
         raise ClaimShapeError("status.allocation.devices.results is not a list")
     out: list[Allocated] = []
@@ -51,8 +51,18 @@ def allocated(claim: dict[str, Any], driver: str, pool: str) -> list[Allocated]:
 
 
 def uid_of(claim: dict[str, Any]) -> str:
-    uid = (claim.get("metadata") or {}).get("uid")
+    meta = claim.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, dict) else None
     return uid if isinstance(uid, str) else ""
+
+
+def _object(parent: dict[str, Any], key: str, where: str = "") -> dict[str, Any]:
+    """``parent[key]`` when it is an object, {} when absent or empty; ClaimShapeError otherwise (the
+    API server never sends that, so whatever sent it is not a ResourceClaim as the API defines it)."""
+    value = parent.get(key) or {}
+    if not isinstance(value, dict):
+        raise ClaimShapeError(f"{where}{key} is not an object")
+    return value
 
 
 CONFIG_API_VERSION = "rdma.tke.cloud.tencent.com/v1alpha1"
@@ -70,8 +80,8 @@ class DriverConfig:
 def driver_config(claim: dict[str, Any], driver: str) -> list[DriverConfig]:
     """The opaque configs of ``claim``'s allocation for ``driver``, class configs before claim configs,
     each decoded strictly; ClaimShapeError naming the entry and the field otherwise."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    entries = ((allocation.get("devices") or {}).get("config") or []) if isinstance(allocation, dict) else []
+    allocation = _object(_object(claim, "status"), "allocation", "status.")
+    entries = _object(allocation, "devices", "status.allocation.").get("config") or []
     if not isinstance(entries, list):
         raise ClaimShapeError("status.allocation.devices.config is not a list")
     out: list[DriverConfig] = []
