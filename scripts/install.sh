@@ -8,7 +8,7 @@
 #                   [--rdma-mode exclusive|shared [--shared-link ipvlan|macvlan]]
 #                   [--kubeconfig-from-serviceaccount]
 #                   [--bonds LIST] [--namespace-isolation true|false] [--global-namespaces LIST]
-#                   [--allowed-types LIST]
+#                   [--allowed-types LIST] [--node-policy FILE]
 #                   [--uninstall [--force]]
 #
 #   --bundle DIR        the built bundle (default: this script's dir when it holds one, else
@@ -46,6 +46,8 @@
 #                       ib-sriov, dpdk and the meta plugins)
 #                       These four and the paths above are written to /etc/rdma-cni/node-policy.json,
 #                       which every plugin reads: a network config may only narrow it.
+#   --node-policy FILE  write the node policy there instead (a node path; the plugins then need
+#                       RDMA_CNI_NODE_POLICY=FILE in their environment: a test or demo node)
 #   --uninstall         remove what install put there, meta config first; refuses while pods still
 #                       hold bonds (their DEL needs the plugin) unless --force
 #
@@ -98,7 +100,8 @@ while [ $# -gt 0 ]; do
         --namespace-isolation) ns_isolation=$2; shift 2 ;;
         --global-namespaces) global_namespaces=$2; shift 2 ;;
         --allowed-types) allowed_types=$2; shift 2 ;;
-        -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
+        --node-policy) node_policy=$2; shift 2 ;;
+        -h|--help) sed -n '2,57p' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -139,6 +142,7 @@ check_list() { # check_list OPTION VALUE: comma-separated names
         *[!A-Za-z0-9._,-]*) die "$1 is a comma-separated list of names (letters, digits, . _ -), got '$2'" ;;
     esac
 }
+check_path --node-policy "$node_policy"
 check_list --bonds "$policy_bonds"
 check_list --global-namespaces "$global_namespaces"
 check_list --allowed-types "$allowed_types"

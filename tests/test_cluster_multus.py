@@ -12,7 +12,8 @@ the pods deleted: the node exact. Then Multus's thick variant, its daemon killed
 delegate runs chrooted into the host's root: the agent's worker must take that root). Then seed
 002's user as they are (Mellanox's config.json to our device plugin, the reference macvlan NAD, their
 pod) and the same NAD with only its type swapped to rdma-ipvlan (shared mode). Last, DRA through
-Multus v4.2's PodResources path: a NAD naming a ResourceClaim.
+Multus v4.2's PodResources path: a NAD naming a ResourceClaim. Between the two, a namespace user
+with NAD rights in their own namespace tries every door of the tenant boundary (docs/security.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,106 @@ def test_kubelet_killed_then_pods_deleted_leaves_the_node_exact(
     kubectl(kube, "delete", "pod", "-l", APP, "--wait=true", timeout=120)
     w.wait_gone(kube, APP)
     w.wait_exact([NODE], baseline)
+
+
+# --- a namespace user, under upstream Multus (docs/security.md) ------------------------------------
+
+TENANT, TENANT_NS = "tenant-a", "team-a"
+TENANT_RBAC = [
+    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TENANT_NS}},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+     "metadata": {"name": "pods-and-nads", "namespace": TENANT_NS},
+     "rules": [{"apiGroups": [""], "resources": ["pods"],
+                "verbs": ["create", "get", "list", "watch", "delete"]},
+               {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
+                "verbs": ["create", "get", "list", "delete"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+     "metadata": {"name": "tenant-a", "namespace": TENANT_NS},
+     "subjects": [{"kind": "User", "name": TENANT, "apiGroup": "rbac.authorization.k8s.io"}],
+     "roleRef": {"kind": "Role", "name": "pods-and-nads", "apiGroup": "rbac.authorization.k8s.io"}},
+]  # fmt: skip
+
+
+def as_tenant(bins: Binaries, *args: str, stdin: str | None = None) -> str:
+    return kubectl(bins, "--as", TENANT, "-n", TENANT_NS, *args, stdin=stdin).stdout
+
+
+def tenant_nad(name: str, config: dict[str, Any]) -> str:
+    return yaml.safe_dump({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                           "metadata": {"name": name, "namespace": TENANT_NS},
+                           "spec": {"config": json.dumps({"cniVersion": "1.0.0", "name": name, **config})}})
+
+
+def tenant_pod(name: str, network: str, limits: dict[str, int]) -> str:
+    doc = yaml.safe_load(pod(name, [network], limits))
+    doc["metadata"]["namespace"] = TENANT_NS
+    return yaml.safe_dump(doc)
+
+
+def node_ip() -> list[str]:
+    out = json.loads(topo.ip("-j", "-4", "addr", "show", "dev", "eth0", netns=NODE.netns).stdout)
+    return [f"{a['local']}/{a['prefixlen']}" for link in out for a in link["addr_info"]]
+
+
+def test_a_namespace_user_with_nad_rights_reaches_nothing_of_the_node(
+    kube: Binaries, baseline: dict[str, dict[str, Any]]
+) -> None:
+    """Each attempt of the tenant-boundary finding, made through ``kubectl --as`` by a user whose Role
+    grants pods and NADs in team-a only, with the DaemonSet as the chart ships it: every sandbox is
+    refused naming the key and the node policy; the node's IP, bonds and files stay; another
+    namespace's pod keeps its bonds, and a pod asking for every bond left still gets them."""
+    w.apply(kube, yaml.safe_dump_all(TENANT_RBAC))
+    w.apply(kube, multus.nad("rdma-exclusive", multus.RDMA_MACVLAN, RDMA))
+    w.apply(kube, pod("victim", ["rdma-exclusive"] * 4, {RDMA: 4}))
+    w.wait_ready(kube, f"{APP},pod=victim", 1, timeout=120)
+    victim = addresses(kube, "victim")
+    stolen = next(i for i in victim if i.startswith("bond"))
+    ip_before, shipped = node_ip(), json.loads((NODE.dir("/etc/cni/net.d") / "rdma-multus.d" /
+                                                "tke-rdma-macvlan.conf").read_text())
+    attempts: dict[str, tuple[dict[str, Any], dict[str, int], str]] = {  # NAD -> (config, limits, refusal)
+        "node-nic": ({"type": "rdma-macvlan", "masters": ["eth0"], "podIfName": "cni",
+                      "rdma": {"required": False}, "resourceName": "example.com/none"}, {}, "config key"),
+        "kubelet-paths": ({"type": "rdma-macvlan", "kubeletRootDir": "/var/tmp/tenant-kubelet",
+                           "podResourcesDir": "/var/tmp/tenant-kubelet",
+                           "devicePluginDir": "/var/tmp/tenant-kubelet"}, {}, "config key 'kubeletRootDir'"),
+        "host-paths": ({**{k: v for k, v in shipped.items() if k not in ("cniVersion", "name")},
+                        "dataDir": "/var/tmp/tenant-data", "runDir": "/var/tmp/tenant-run"}, {},
+                       "config key 'dataDir'"),
+        "log-file": ({"type": "rdma-macvlan", "logFile": "/var/tmp/tenant.log"}, {}, "config key 'logFile'"),
+        "other-bond": ({"type": "rdma-macvlan", "deviceID": stolen}, {RDMA: 1}, "default/victim"),
+        "no-device": ({"type": "rdma-macvlan"}, {}, "holds no"),
+    }  # fmt: skip
+    for name, (config, limits, _) in attempts.items():
+        as_tenant(kube, "apply", "-f", "-", stdin=tenant_nad(name, config))
+        as_tenant(kube, "apply", "-f", "-", stdin=tenant_pod(f"t-{name}", name, limits))
+    forbidden = kubectl(kube, "--as", TENANT, "-n", "default", "get", "pods", check=False)
+    assert forbidden.returncode != 0 and "forbidden" in forbidden.stderr  # the Role is what we think
+    for name, (_, _, expected) in attempts.items():
+        said = w.wait(f"t-{name}'s sandbox refused", partial(sandbox_error_in, kube, f"t-{name}"), 120)
+        print(f"\ntenant {name}: {said[-400:]}")
+        assert expected in said, said
+        if expected.startswith("config key"):
+            assert "/etc/rdma-cni/node-policy.json" in said and "node's admin" in said, said
+    assert node_ip() == ip_before, "the node's own address stays on eth0"
+    for path in ("/var/tmp/tenant-data", "/var/tmp/tenant-run", "/var/tmp/tenant.log",
+                 "/var/tmp/tenant-kubelet"):
+        assert not NODE.dir(path).exists(), f"{path} was created on the node"
+    assert addresses(kube, "victim") == victim, "another namespace's pod keeps its bonds"
+    as_tenant(kube, "delete", "pod", "--all", "--wait=true")
+    w.apply(kube, pod("rest", ["rdma-exclusive"] * 4, {RDMA: 4}))
+    w.wait_ready(kube, f"{APP},pod=rest", 1, timeout=120)
+    assert not set(addresses(kube, "rest")) & {i for i in victim if i.startswith("bond")}
+    kubectl(kube, "delete", "pod", "-l", APP, "--wait=true", timeout=120)
+    kubectl(kube, "delete", "namespace", TENANT_NS, "--wait=true", timeout=180)
+    w.wait_gone(kube, APP)
+    w.wait_exact([NODE], baseline)
+
+
+def sandbox_error_in(bins: Binaries, name: str, namespace: str = TENANT_NS) -> str | None:
+    events = json.loads(kubectl(bins, "-n", namespace, "get", "events", "-o", "json", "--field-selector",
+                                f"involvedObject.name={name}").stdout)["items"]
+    said = [e["message"] for e in events if e.get("reason") == "FailedCreatePodSandBox"]
+    return said[-1] if said else None
 
 
 def test_thick_multus_daemon_killed_mid_add_loses_nothing(

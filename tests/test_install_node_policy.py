@@ -92,3 +92,17 @@ def test_uninstall_removes_the_policy(bundle: Path, tmp_path: Path) -> None:
     proc = install(bundle, root, "--uninstall")
     assert proc.returncode == 0, proc.stderr
     assert not (root / POLICY).exists() and not (root / "etc/rdma-cni").exists()
+
+
+def test_node_policy_option_writes_the_policy_where_it_says(bundle: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    proc = install(bundle, root, "--mode", "vpc-cni", "--node-policy", "/srv/demo/policy.json")
+    assert proc.returncode == 0, proc.stderr
+    assert read_policy_at(root / "srv/demo/policy.json").enforced
+    assert not (root / POLICY).exists()
+    bad = install(bundle, tmp_path / "bad", "--node-policy", "relative.json")
+    assert bad.returncode != 0 and "--node-policy must be an absolute path" in bad.stderr
+
+
+def read_policy_at(path: Path) -> node_policy.NodePolicy:
+    return node_policy.parse(json.loads(path.read_text()), str(path))

@@ -87,7 +87,8 @@ def test_demo_shows_the_pod_the_gids_the_ping_and_restores_the_node() -> None:
         "NCCL_IB_HCA==mlx5_bond_0,mlx5_bond_1",
         "NCCL_IB_GID_INDEX=3",
         "kubelet PodResources: the pod holds mlx5_bond_0, mlx5_bond_1",
-        "-> rdma-multus asked kubelet's PodResources API (Get) which devices the pod holds",
+        "-> kubelet's PodResources API was asked (Get, List, GetAllocatableResources) which devices the "
+        "pod holds",
         "OK   device-plugin mlx5_bond_0      bond0, NUMA 0, healthy",
         "rdma-device-plugin stopped (SIGTERM, exit code 0): its socket removed",
         "demo OK",

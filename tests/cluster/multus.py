@@ -94,6 +94,8 @@ def product_without_meta(rdma_mode: str = "exclusive", mellanox_config: Path | N
     ``00-rdma-multus.conflist``), ``rdma_mode``, ``front_end``, and with ``mellanox_config``
     Mellanox's config.json as ``devicePlugin.mellanoxConfig``."""
     sets = ["--set", "metaPlugin=none", "--set", f"rdmaMode={rdma_mode}", "--set", f"frontEnd={front_end}"]
+    if rdma_mode == "shared":  # this kernel has no IPVLAN: the node's link (the node policy's) is macvlan
+        sets += ["--set", "shared.link=macvlan"]
     if mellanox_config is not None:
         sets += ["--set-file", f"devicePlugin.mellanoxConfig={mellanox_config}"]
     return chart.template(*sets, hooks=False)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from rdma_cni.cli.demo.node import ANNOTATION, POD, REFERENCE_PLUGINS, RESOURCE, Node, gid_index
@@ -38,6 +39,8 @@ class Demo(Node):
                 str(self.bin_dir),
                 "--conf-dir",
                 str(self.tmp / "installed.d"),
+                "--node-policy",  # this machine's /etc is not the demo node's
+                str(self.tmp / "installed-node-policy.json"),
                 show=True,
             )
         else:
@@ -83,6 +86,14 @@ class Demo(Node):
             logFile=str(self.tmp / "log" / "rdma-cni.log"),
         )
         (delegates / "tke-rdma-macvlan.conf").write_text(json.dumps(macvlan, indent=2))
+        self.policy_paths = {
+            "rdma-macvlan": {**{k: macvlan[k] for k in ("dataDir", "runDir", "sysfsRoot", "logFile")},
+                             "kubeletRootDir": str(self.kubelet_root),
+                             "devicePluginDir": str(self.kubelet_root / "device-plugins")},
+            "rdma-multus": {k: meta["plugins"][0][k] for k in (
+                "confDir", "kubeconfig", "cacheDir", "kubeletRootDir", "devicePluginDir", "logFile")},
+        }
+        self.write_node_policy()
         # The cluster network (tke-route-eni / tke-bridge on TKE) played by a reference plugin.
         plugin: dict[str, Any] = {
             "type": self.default_plugin,
@@ -92,6 +103,16 @@ class Demo(Node):
             plugin.update(bridge=self.cluster_bridge, isGateway=True)
         cluster = {"cniVersion": "1.0.0", "name": self.default_network, "plugins": [plugin]}
         (delegates / f"{self.default_network}.conflist").write_text(json.dumps(cluster, indent=2))
+
+    @property
+    def node_policy(self) -> Path:
+        return self.tmp / "node-policy.json"
+
+    def write_node_policy(self) -> None:
+        """The node policy an install writes beside the configs (rdma_cni/node_policy.py), with the
+        demo node's paths: its configs pass it, and a config naming other paths would not."""
+        policy = {"trust": "node", "bondsFrom": "kubelet", "paths": self.policy_paths}
+        self.node_policy.write_text(json.dumps(policy, indent=2))
 
     @property
     def networks(self) -> str:
@@ -127,6 +148,7 @@ class Demo(Node):
             f"K8S_POD_UID={pod_uid};K8S_POD_INFRA_CONTAINER_ID=demo",
             # containerd hands the pod's annotations to a plugin that declares this capability.
             "CAP_ARGS": json.dumps({"io.kubernetes.cri.pod-annotations": {ANNOTATION: self.networks}}),
+            "RDMA_CNI_NODE_POLICY": str(self.node_policy),
         }
         if not self.bundle:
             env["PYTHONPATH"] = str(REPO)

@@ -29,8 +29,9 @@ def add(d: Demo) -> dict[str, str]:
     calls = d.pod_resources.calls[asked:]
     if not calls:
         raise DemoFailed("rdma-multus did not ask kubelet's PodResources API which devices the pod holds")
-    say(f"-> rdma-multus asked kubelet's PodResources API ({', '.join(dict.fromkeys(calls))}) "
-        "which devices the pod holds")
+    say(f"-> kubelet's PodResources API was asked ({', '.join(dict.fromkeys(calls))}) which devices the "
+        "pod holds: rdma-multus for the device IDs it hands over, rdma-macvlan to check them against the "
+        "pod's allocation (the node policy's bondsFrom: kubelet)")
     return env
 
 

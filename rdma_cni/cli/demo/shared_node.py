@@ -71,6 +71,9 @@ class SharedDemo(Demo):
             logFile=str(self.tmp / "log" / "rdma-cni.log"),
         )
         self.delegate.write_text(json.dumps(conf, indent=2))
+        keys = ("dataDir", "runDir", "sysfsRoot", "logFile", "link")
+        self.policy_paths["rdma-ipvlan"] = {k: conf[k] for k in keys}
+        self.write_node_policy()
 
     def admit_pods(self, held: list[list[str]]) -> None:
         """What kubelet's PodResources API answers once it admitted the pods: each pod's virtual

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .host import run
-from .report import OUT, STATE, SYS, R
+from .report import OUT, STATE, SYS, R, node_policy_env
 
 
 def cni(
@@ -53,6 +53,7 @@ def cni(
         "CNI_IFNAME": ifname,
         "CNI_PATH": "/usr/lib/cni:/opt/cni/bin",
         "CNI_ARGS": f"IgnoreUnknown=true;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}",
+        **node_policy_env(),
     }
     if failpoint:
         env["RDMA_CNI_FAILPOINT"] = failpoint  # the plugin's test hook: kill -9 itself / fail at a step
@@ -90,7 +91,8 @@ def status(bond: str, rdma: dict[str, Any] | None = None) -> tuple[int, dict[str
         "logFile": str(OUT / "plugin.log"),
         "logLevel": "debug",
     }
-    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni:/opt/cni/bin"}
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "STATUS", "CNI_PATH": "/usr/lib/cni:/opt/cni/bin",
+           **node_policy_env()}
     proc = run(
         [sys.executable, "-m", "rdma_cni.cli.macvlan"],
         stdin=json.dumps(conf),

@@ -13,6 +13,17 @@ from typing import Any
 OUT = Path(os.environ.get("VM_OUT", "/tmp/vm-e2e-out"))
 STATE = Path("/run/vm-e2e")  # the plugin's dataDir/runDir inside the guest (tmpfs)
 SYS = "/sys"
+
+
+def node_policy_env() -> dict[str, str]:
+    """The node policy of the guest (rdma_cni/node_policy.py): the scenario writes every config
+    itself, with its own paths and knobs (netns modes, rdma.required), and no tenant writes any, so
+    the configs decide (``trust: configs``, the admin's explicit choice for such a node)."""
+    path = STATE / "node-policy.json"
+    if not path.exists():
+        STATE.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"trust": "configs"}))
+    return {"RDMA_CNI_NODE_POLICY": str(path)}
 GID_SLOTS = 32  # slots scanned per table: rxe fills from 0, the scenario never uses more than a few
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 PINGPONG_PORT = 18515

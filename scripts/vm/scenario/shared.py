@@ -12,7 +12,7 @@ from typing import Any
 
 from .cni import pod_gid_rows
 from .host import host_snapshot, ip, pod_links, run, tables, v2_index, wait_for
-from .report import BONDS, OUT, STATE, SYS, R
+from .report import BONDS, OUT, STATE, SYS, R, node_policy_env
 
 SHARED_RANGES = {"bond0": "198.51.100.100-198.51.100.109", "bond1": "198.51.100.110-198.51.100.119"}
 SHARED_PING = """
@@ -66,6 +66,7 @@ def cni_shared(command: str, pod: str, failpoint: str | None = None) -> tuple[in
         "CNI_IFNAME": "net1",
         "CNI_PATH": "/usr/lib/cni:/opt/cni/bin",
         "CNI_ARGS": f"IgnoreUnknown=true;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={pod}",
+        **node_policy_env(),
     }
     if failpoint:
         env["RDMA_CNI_FAILPOINT"] = failpoint
