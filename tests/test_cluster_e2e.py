@@ -5,7 +5,8 @@ In order, on one cluster (module scope; the tests read each other's state the wa
 does): the DaemonSet from conf/k8s/rdma-cni.yaml on labelled nodes and the capacity it registers;
 seed 000's ibv-app StatefulSet as written (only its image replaced), scheduled, looked into, pinged
 across nodes, its network-status annotation; a fifth replica Pending on the scheduler's reason; the
-nodes exact after scaling to 0; a NetworkAttachmentDefinition; the ServiceAccount's rights; then the
+nodes exact after scaling to 0; a NetworkAttachmentDefinition; a namespace user trying every door of
+the tenant boundary (docs/security.md); the ServiceAccount's rights; then the
 faults with RDMA pods running (kubelet restarted by SIGTERM and -9, the DaemonSet's pod deleted, a
 rolling update, the API server down while a pod is deleted) and shared mode.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import apiread, build, chart, cluster
+from cluster import apiread, build, chart, cluster, tenant
 from cluster import dra as d
 from cluster import topology as topo
 from cluster import workloads as w
@@ -338,6 +339,71 @@ def test_a_network_attachment_definition_named_in_the_annotation_is_used(kube: B
         kubectl(kube, "delete", "pod", "nad-pod", "--wait=true", check=False)
         kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
     w.wait_ready(kube, SEED, 4)
+
+
+def _node_ips() -> dict[str, list[str]]:
+    out = {}
+    for node in nodes():
+        doc = json.loads(topo.ip("-j", "-4", "addr", "show", "dev", "eth0", netns=node.netns).stdout)
+        out[node.name] = [f"{a['local']}/{a['prefixlen']}" for link in doc for a in link["addr_info"]]
+    return out
+
+
+def test_a_namespace_user_reaches_nothing_of_the_node_through_rdma_multus(kube: Binaries) -> None:
+    """docs/security.md's doors under rdma-multus, tried by a user whose Role grants pods and NADs in
+    team-a only (``kubectl --as``): a NAD naming the node's NIC, one of another namespace, one naming
+    host-device, the JSON annotation's deviceID naming another pod's bond, and a pod holding no bond.
+    Each sandbox is refused with the reason; node IPs and the seed pods stay as they were."""
+    _nad_crd(kube)
+    kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=3")  # one node with 4 bonds free
+    seeds = w.wait_ready(kube, SEED, 3)
+    per_node: dict[str, list[str]] = {}
+    for p in seeds:
+        per_node.setdefault(p["spec"]["nodeName"], []).append(p["metadata"]["name"])
+    free = next(n for n, names in per_node.items() if len(names) == 1)
+    victim = per_node[free][0]
+    held = bonds_of(kube, victim)
+    stolen = sorted(held)[0]
+    ips, before = _node_ips(), {p["metadata"]["name"]: sorted(bonds_of(kube, p["metadata"]["name"]).items())
+                                for p in seeds}
+    w.apply(kube, tenant.rbac() + "---\n" + tenant.rbac("team-b", "tenant-b"))
+    w.apply(kube, tenant.nad("other", {"type": "rdma-macvlan"}, namespace="team-b"))
+    json_ref = json.dumps([{"name": "tke-route-eni"}, {"name": "tke-rdma-macvlan", "deviceID": stolen}])
+    attempts: dict[str, tuple[str, dict[str, Any] | None, dict[str, str], str]] = {
+        "node-nic": ("tke-route-eni,node-nic", {"type": "rdma-macvlan", "masters": ["eth0"],
+                     "rdma": {"required": False}}, {}, "config key"),
+        "other-ns": ("tke-route-eni,team-b/other", None, {},
+                     "NetworkAttachmentDefinition of namespace team-b"),
+        "hostdev": ("tke-route-eni,hostdev", {"type": "host-device", "device": "eth0"}, {},
+                    "plugin type 'host-device' may not be named"),
+        "device-id": (json_ref, None, {RDMA: "1"}, f"default/{victim}"),
+        "no-device": ("tke-route-eni,tke-rdma-macvlan", None, {}, "holds no"),
+    }  # fmt: skip
+    for name, (networks, config, limits, _) in attempts.items():
+        if config is not None:
+            tenant.as_tenant(kube, "apply", "-f", "-", stdin=tenant.nad(name, config))
+        spec = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"t-{name}",
+                             "annotations": {"tke.cloud.tencent.com/networks": networks}},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": free}, "terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "c", "image": w.TEST_IMAGE, "command": ["sleep", "1000000"],
+                                         "resources": {"limits": limits}}]}}  # fmt: skip
+        tenant.as_tenant(kube, "apply", "-f", "-", stdin=json.dumps(spec))
+    assert tenant.forbidden_elsewhere(kube)
+    try:
+        for name, (_, _, _, expected) in attempts.items():
+            said = w.wait(f"t-{name} refused", functools.partial(tenant.refusal, kube, f"t-{name}"), 120)
+            print(f"\ntenant under rdma-multus, {name}: {said[-400:]}")
+            assert expected in said, said
+        assert _node_ips() == ips, "the nodes' own addresses stay on eth0"
+        assert bonds_of(kube, victim) == held
+    finally:
+        for ns in (tenant.NAMESPACE, "team-b"):
+            kubectl(kube, "delete", "namespace", ns, "--wait=true", timeout=180, check=False)
+        kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
+    after = {p["metadata"]["name"]: sorted(bonds_of(kube, p["metadata"]["name"]).items())
+             for p in w.wait_ready(kube, SEED, 4)}
+    assert {k: v for k, v in after.items() if k in before} == before
 
 
 def _pods_undisturbed(kube: Binaries, before: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster import build, cluster, dra, multus
+from cluster import build, cluster, dra, multus, tenant
 from cluster import topology as topo
 from cluster import workloads as w
 from cluster.build import Binaries
@@ -182,35 +182,9 @@ def test_kubelet_killed_then_pods_deleted_leaves_the_node_exact(
 
 # --- a namespace user, under upstream Multus (docs/security.md) ------------------------------------
 
-TENANT, TENANT_NS = "tenant-a", "team-a"
-TENANT_RBAC = [
-    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TENANT_NS}},
-    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-     "metadata": {"name": "pods-and-nads", "namespace": TENANT_NS},
-     "rules": [{"apiGroups": [""], "resources": ["pods"],
-                "verbs": ["create", "get", "list", "watch", "delete"]},
-               {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
-                "verbs": ["create", "get", "list", "delete"]}]},
-    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-     "metadata": {"name": "tenant-a", "namespace": TENANT_NS},
-     "subjects": [{"kind": "User", "name": TENANT, "apiGroup": "rbac.authorization.k8s.io"}],
-     "roleRef": {"kind": "Role", "name": "pods-and-nads", "apiGroup": "rbac.authorization.k8s.io"}},
-]  # fmt: skip
-
-
-def as_tenant(bins: Binaries, *args: str, stdin: str | None = None) -> str:
-    return kubectl(bins, "--as", TENANT, "-n", TENANT_NS, *args, stdin=stdin).stdout
-
-
-def tenant_nad(name: str, config: dict[str, Any]) -> str:
-    return yaml.safe_dump({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-                           "metadata": {"name": name, "namespace": TENANT_NS},
-                           "spec": {"config": json.dumps({"cniVersion": "1.0.0", "name": name, **config})}})
-
-
 def tenant_pod(name: str, network: str, limits: dict[str, int]) -> str:
     doc = yaml.safe_load(pod(name, [network], limits))
-    doc["metadata"]["namespace"] = TENANT_NS
+    doc["metadata"]["namespace"] = tenant.NAMESPACE
     return yaml.safe_dump(doc)
 
 
@@ -226,7 +200,7 @@ def test_a_namespace_user_with_nad_rights_reaches_nothing_of_the_node(
     grants pods and NADs in team-a only, with the DaemonSet as the chart ships it: every sandbox is
     refused naming the key and the node policy; the node's IP, bonds and files stay; another
     namespace's pod keeps its bonds, and a pod asking for every bond left still gets them."""
-    w.apply(kube, yaml.safe_dump_all(TENANT_RBAC))
+    w.apply(kube, tenant.rbac())
     w.apply(kube, multus.nad("rdma-exclusive", multus.RDMA_MACVLAN, RDMA))
     w.apply(kube, pod("victim", ["rdma-exclusive"] * 4, {RDMA: 4}))
     w.wait_ready(kube, f"{APP},pod=victim", 1, timeout=120)
@@ -248,12 +222,11 @@ def test_a_namespace_user_with_nad_rights_reaches_nothing_of_the_node(
         "no-device": ({"type": "rdma-macvlan"}, {}, "holds no"),
     }  # fmt: skip
     for name, (config, limits, _) in attempts.items():
-        as_tenant(kube, "apply", "-f", "-", stdin=tenant_nad(name, config))
-        as_tenant(kube, "apply", "-f", "-", stdin=tenant_pod(f"t-{name}", name, limits))
-    forbidden = kubectl(kube, "--as", TENANT, "-n", "default", "get", "pods", check=False)
-    assert forbidden.returncode != 0 and "forbidden" in forbidden.stderr  # the Role is what we think
+        tenant.as_tenant(kube, "apply", "-f", "-", stdin=tenant.nad(name, config))
+        tenant.as_tenant(kube, "apply", "-f", "-", stdin=tenant_pod(f"t-{name}", name, limits))
+    assert tenant.forbidden_elsewhere(kube)
     for name, (_, _, expected) in attempts.items():
-        said = w.wait(f"t-{name}'s sandbox refused", partial(sandbox_error_in, kube, f"t-{name}"), 120)
+        said = w.wait(f"t-{name}'s sandbox refused", partial(tenant.refusal, kube, f"t-{name}"), 120)
         print(f"\ntenant {name}: {said[-400:]}")
         assert expected in said, said
         if expected.startswith("config key"):
@@ -263,21 +236,14 @@ def test_a_namespace_user_with_nad_rights_reaches_nothing_of_the_node(
                  "/var/tmp/tenant-kubelet"):
         assert not NODE.dir(path).exists(), f"{path} was created on the node"
     assert addresses(kube, "victim") == victim, "another namespace's pod keeps its bonds"
-    as_tenant(kube, "delete", "pod", "--all", "--wait=true")
+    tenant.as_tenant(kube, "delete", "pod", "--all", "--wait=true")
     w.apply(kube, pod("rest", ["rdma-exclusive"] * 4, {RDMA: 4}))
     w.wait_ready(kube, f"{APP},pod=rest", 1, timeout=120)
     assert not set(addresses(kube, "rest")) & {i for i in victim if i.startswith("bond")}
     kubectl(kube, "delete", "pod", "-l", APP, "--wait=true", timeout=120)
-    kubectl(kube, "delete", "namespace", TENANT_NS, "--wait=true", timeout=180)
+    kubectl(kube, "delete", "namespace", tenant.NAMESPACE, "--wait=true", timeout=180)
     w.wait_gone(kube, APP)
     w.wait_exact([NODE], baseline)
-
-
-def sandbox_error_in(bins: Binaries, name: str, namespace: str = TENANT_NS) -> str | None:
-    events = json.loads(kubectl(bins, "-n", namespace, "get", "events", "-o", "json", "--field-selector",
-                                f"involvedObject.name={name}").stdout)["items"]
-    said = [e["message"] for e in events if e.get("reason") == "FailedCreatePodSandBox"]
-    return said[-1] if said else None
 
 
 def test_thick_multus_daemon_killed_mid_add_loses_nothing(
