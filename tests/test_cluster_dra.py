@@ -5,7 +5,8 @@ as a user installs it: ``kubectl apply -f conf/k8s/dra/``.
 In order, on one cluster (module scope): the ResourceSlices and a bond's taint; seed 000's ibv-app
 StatefulSet, unchanged, served through the DeviceClass's extendedResourceName; claims that align GPUs
 (the stand-in GPU DRA driver, tests/cluster/gpu_dra.py: root r holds GPUs 2r, 2r+1) and NICs by PCIe
-root; a claim for a tainted bond; the faults (the driver killed -9 mid-prepare, the kubelet restarted,
+root; a claim for a tainted bond; a claim whose config sets a field our driver does not define; the
+faults (the driver killed -9 mid-prepare, the kubelet restarted,
 an unknown claim unprepared); then shared mode by claim.
 """
 
@@ -310,6 +311,41 @@ def test_a_claim_for_a_tainted_bond_is_not_allocated(kube: Binaries) -> None:
         finally:
             kubectl(kube, "delete", "pod,resourceclaim", "wants-bond6", "--wait=true", check=False)
     w.wait("bond6 untainted", lambda: not _tainted(kube, "bond6"), 10, 0.05)
+
+
+def _pod_events(bins: Binaries, name: str) -> list[str]:
+    events = json.loads(kubectl(bins, "get", "events", "-o", "json", "--field-selector",
+                                f"involvedObject.name={name}").stdout)["items"]
+    return [f"{e.get('reason')}: {e.get('message')}" for e in events if e.get("type") == "Warning"]
+
+
+def test_a_claim_whose_config_sets_a_field_the_driver_does_not_define_is_refused_before_prepare(
+    kube: Binaries,
+) -> None:
+    """A pod author's opaque claim config for our driver (docs/security.md, DRA): decoded strictly,
+    so ``masters`` (a node key) is refused by name at NodePrepareResources, and nothing is prepared."""
+    params = {"apiVersion": "rdma.tke.cloud.tencent.com/v1alpha1", "kind": "RdmaConfig", "masters": ["eth0"]}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "tenant-config", "namespace": "default"},
+             "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": d.DRIVER}}],
+                                  "config": [{"requests": ["nic"], "opaque": {"driver": d.DRIVER,
+                                                                              "parameters": params}}]}}}
+    p = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tenant-config", "namespace": "default"},
+         "spec": {"terminationGracePeriodSeconds": 1,
+                  "containers": [{"name": "app", "image": w.TEST_IMAGE, "command": ["sleep", "1000000"],
+                                  "resources": {"claims": [{"name": "c"}]}}],
+                  "resourceClaims": [{"name": "c", "resourceClaimName": "tenant-config"}]}}  # fmt: skip
+    records = d.prepared_records(NODE)
+    w.apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, p]}))
+    try:
+        said = w.wait("tenant-config refused at prepare",
+                      lambda: next((e for e in _pod_events(kube, "tenant-config") if "masters" in e), None),
+                      120)
+        print(f"\nclaim config with masters: {said[-300:]}")
+        assert "unknown field(s) masters" in said and "from the ResourceClaim" in said, said
+        assert d.prepared_records(NODE) == records, "nothing prepared for it"
+    finally:
+        kubectl(kube, "delete", "pod,resourceclaim", "tenant-config", "--wait=true", check=False)
 
 
 # --------------------------------------------------------------------------- faults
