@@ -66,6 +66,10 @@ def test_conf_k8s_is_what_the_chart_renders() -> None:
         ("shared.link=vlan", "/shared/link", "'ipvlan', 'macvlan'"),
         ("metrics.port=0", "/metrics/port", "1"),
         ("rdmaModee=shared", "rdmaModee", "additional properties"),
+        ("nodePolicy.bonds={bond0,../eth0}", "/nodePolicy/bonds/1", "^[A-Za-z0-9._-]{1,15}$"),
+        ("nodePolicy.namespaceIsolation=maybe", "/nodePolicy/namespaceIsolation", "boolean"),
+        ("nodePolicy.globalNamespaces={Default}", "/nodePolicy/globalNamespaces/0", "^[a-z0-9]"),
+        ("metrics.bindAddress=localhost", "/metrics/bindAddress", "^[0-9]{1,3}"),
     ],
 )
 def test_the_schema_refuses_a_bad_value_naming_it_and_what_it_accepts(
@@ -145,6 +149,36 @@ def test_shared_mode_with_the_macvlan_link_reaches_the_node_in_both_install_comm
     assert "--shared-link macvlan \\\n" in loop and '--rdma-mode "$RDMA_MODE"' in loop
     # ipvlan (the default) adds nothing: the shipped config as it is.
     assert "--shared-link" not in chart.template("--set", "rdmaMode=shared")
+
+
+def test_node_policy_values_reach_the_nodes_policy_file_in_both_install_commands(tmp_path: Path) -> None:
+    from rdma_cni import node_policy
+
+    ds = daemonset("--set", "nodePolicy.bonds={bond0,bond1}", "--set", "nodePolicy.namespaceIsolation=false",
+                   "--set", "nodePolicy.globalNamespaces={default,shared-nets}",
+                   "--set", "nodePolicy.allowedDelegateTypes={rdma-macvlan}",
+                   "--set", "metrics.bindAddress=127.0.0.1")
+    host = conf._install_node(ds, tmp_path, "exclusive")
+    policy = node_policy.parse(json.loads((host / "etc/rdma-cni/node-policy.json").read_text()))
+    assert policy.enforced and policy.bonds == ("bond0", "bond1")
+    assert not policy.networks.namespace_isolation
+    assert policy.networks.global_namespaces == ("default", "shared-nets")
+    assert policy.networks.allowed_types == ("rdma-macvlan",)
+    loop = conf._container(ds, "refresh")["args"][0]
+    for option in ('--bonds "$POLICY_BONDS"', '--namespace-isolation "$POLICY_NAMESPACE_ISOLATION"',
+                   '--global-namespaces "$POLICY_GLOBAL_NAMESPACES"',
+                   '--allowed-types "$POLICY_ALLOWED_TYPES"'):
+        assert option in loop, option
+    refresh = {e["name"]: e["value"] for e in conf._container(ds, "refresh")["env"]}
+    assert refresh["POLICY_BONDS"] == "bond0,bond1" and refresh["POLICY_NAMESPACE_ISOLATION"] == "false"
+    agent = conf._container(ds, "rdma-agent")["args"]
+    assert agent[agent.index("--metrics-address") + 1] == "127.0.0.1:9513"
+    # the defaults: the netdevs behind RDMA devices, isolation on, the default namespace global
+    (tmp_path / "d").mkdir()
+    plain = conf._install_node(daemonset(), tmp_path / "d", "exclusive")
+    default = node_policy.parse(json.loads((plain / "etc/rdma-cni/node-policy.json").read_text()))
+    assert default.bonds is None and default.networks.namespace_isolation
+    assert default.networks.global_namespaces == ("default",) and default.networks.allowed_types is None
 
 
 @pytest.mark.parametrize("rdma_mode", ["exclusive", "shared"])
