@@ -35,7 +35,6 @@ from rdma_cni.cni.errors import (
     IO_FAILURE,
     NETLINK_FAILURE,
     STATUS_UNAVAILABLE,
-    TRY_AGAIN_LATER,
     CniError,
 )
 from rdma_cni.cni.request import Request
@@ -52,10 +51,8 @@ from rdma_cni.plugins.macvlan.model import DEFAULT_DATA_DIR
 from rdma_cni.plugins.macvlan.select import (
     PinnedElsewhere,
     choose_bonds,
-    claim_device,
     describe_pins,
-    is_opaque,
-    requested_device_ids,
+    kubelet_view,
 )
 from rdma_cni.rdma import sysfs
 from rdma_cni.rdma.mode import require_mode
@@ -129,7 +126,7 @@ class MacvlanPlugin:
                 # Before the node lock (every other ADD of the node waits for it): the config's
                 # bonds are looked up and checked once, here.
                 known = _configured_masters(host, cfg.masters) if cfg.masters else {}
-                kubelet = _kubelet_view(req, cfg, policy)  # a gRPC question: never under the node lock
+                kubelet = kubelet_view(req, cfg, policy)  # a gRPC question: never under the node lock
                 rec, ctx = self._write_ahead_when_unpinned(req, cfg, state, fp, host, pod, ns, known, kubelet)
                 return self._transact(req, cfg, state, rec, ctx)
             finally:
@@ -584,37 +581,6 @@ def _note_deadlines(state: NodeState, host: Any, rec: AttachmentRecord, skipped:
                 state.note_deadlines(b.bond, addresses.deadline_notes(host, link.index, b.addresses))
         except Exception as exc:  # noqa: BLE001 - advisory: the next ADD reads the kernel's deadlines
             log.warning("%s: noting its addresses' deadlines failed: %s", b.bond, exc)
-
-
-def _kubelet_view(req: Request, cfg: MacvlanConfig, policy: node_policy.NodePolicy) -> DeviceHolders | None:
-    """What kubelet allocated on this node, for a Kubernetes pod: the pick must respect it
-    (:func:`.select.choose_bonds`). Where the node's policy says bonds come from kubelet, asked for
-    every such pod, and a pod whose allocation cannot be read gets no bond (error 11 saying why);
-    else asked only when this ADD may pick bonds itself (no device ID names them, or a DRA claim's
-    ID that kubelet may have reported twice)."""
-    ids = requested_device_ids(req)
-    name = req.args.get("K8S_POD_NAME", "")
-    strict = policy.enforced and policy.bonds_from == node_policy.BONDS_FROM_KUBELET
-    if not name or (not strict and ids and not any(is_opaque(i) or claim_device(i) for i in ids)):
-        return None
-    from rdma_cni.devices.dra_names import DRIVER
-    from rdma_cni.kube import allocated
-
-    pod = allocated.PodRef(req.args.get("K8S_POD_NAMESPACE", ""), name, req.args.get("K8S_POD_UID", ""))
-    got = allocated.pod_view(pod, cfg.resource_name, DRIVER, cfg.pod_resources(), cfg.device_plugin_dir)
-    if got is None and strict:
-        raise CniError(
-            TRY_AGAIN_LATER,
-            f"pod {pod.namespace}/{pod.name}: kubelet's device allocation cannot be read (no PodResources "
-            f"socket in {cfg.pod_resources()}, no checkpoint in {cfg.device_plugin_dir}), and on this node "
-            f"bonds go only to the pods kubelet allocated them to ({policy.where()}, bondsFrom: kubelet)",
-        )
-    if got is None:
-        log.info("ADD %s/%s: no kubelet device allocation to respect (no PodResources, no checkpoint)",
-                 req.container_id, req.ifname)
-    elif strict:
-        got = dataclasses.replace(got, only_allocated=True)
-    return got
 
 
 def _configured_masters(host: Any, masters: list[str]) -> dict[str, links.Link]:

@@ -9,6 +9,8 @@ under the node lock, so "free" cannot change underneath.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -16,10 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import INVALID_CONFIG, TRY_AGAIN_LATER, CniError
 from rdma_cni.cni.request import Attachment, Request
+from rdma_cni.node_policy import BONDS_FROM_KUBELET, NodePolicy
 from rdma_cni.rdma import sysfs
 
 if TYPE_CHECKING:
     from rdma_cni.kube.allocated import DeviceHolders
+    from rdma_cni.plugins.macvlan.model import MacvlanConfig
+
+log = logging.getLogger("rdma_cni.macvlan")
 
 
 def requested_device_ids(req: Request) -> list[str]:
@@ -239,6 +245,37 @@ def _check_allocated(req: Request, wanted: Sequence[str], alias_map: Mapping[str
 def _pod(req: Request) -> str:
     ns, name = req.args.get("K8S_POD_NAMESPACE", ""), req.args.get("K8S_POD_NAME", "")
     return f"pod {ns}/{name}" if name else f"container {req.container_id}"
+
+
+def kubelet_view(req: Request, cfg: MacvlanConfig, policy: NodePolicy) -> DeviceHolders | None:
+    """What kubelet allocated on this node, for a Kubernetes pod: the pick must respect it
+    (:func:`.select.choose_bonds`). Where the node's policy says bonds come from kubelet, asked for
+    every such pod, and a pod whose allocation cannot be read gets no bond (error 11 saying why);
+    else asked only when this ADD may pick bonds itself (no device ID names them, or a DRA claim's
+    ID that kubelet may have reported twice)."""
+    ids = requested_device_ids(req)
+    name = req.args.get("K8S_POD_NAME", "")
+    strict = policy.enforced and policy.bonds_from == BONDS_FROM_KUBELET
+    if not name or (not strict and ids and not any(is_opaque(i) or claim_device(i) for i in ids)):
+        return None
+    from rdma_cni.devices.dra_names import DRIVER
+    from rdma_cni.kube import allocated  # gRPC: only for an ADD that asks kubelet
+
+    pod = allocated.PodRef(req.args.get("K8S_POD_NAMESPACE", ""), name, req.args.get("K8S_POD_UID", ""))
+    got = allocated.pod_view(pod, cfg.resource_name, DRIVER, cfg.pod_resources(), cfg.device_plugin_dir)
+    if got is None and strict:
+        raise CniError(
+            TRY_AGAIN_LATER,
+            f"pod {pod.namespace}/{pod.name}: kubelet's device allocation cannot be read (no PodResources "
+            f"socket in {cfg.pod_resources()}, no checkpoint in {cfg.device_plugin_dir}), and on this node "
+            f"bonds go only to the pods kubelet allocated them to ({policy.where()}, bondsFrom: kubelet)",
+        )
+    if got is None:
+        log.info("ADD %s/%s: no kubelet device allocation to respect (no PodResources, no checkpoint)",
+                 req.container_id, req.ifname)
+    elif strict:
+        got = dataclasses.replace(got, only_allocated=True)
+    return got
 
 
 def _check_enough(masters: Sequence[str], need: int, key: str) -> None:
