@@ -36,7 +36,7 @@ HEADER = """\
 #   kubectl label node <nodeName> feature.node.kubernetes.io/tke-shared-rdma=true
 #   kubectl apply -f {apply}
 #   kubectl -n kube-system get po -o wide -l k8s-app=rdma-cni
-# Every parameter (the seed's component parameters, kubeletRootDir, clusterNetwork, rdmaMode,
+# Every parameter (the TKE guide's component parameters, kubeletRootDir, clusterNetwork, rdmaMode,
 # frontEnd, Mellanox's config.json, metrics) is a value: charts/rdma-cni/values.yaml.
 """
 # conf/k8s/dra/ keeps the three files users apply as a directory: the DRA-only RBAC and admission
