@@ -6,7 +6,6 @@ ResourceSlices and a pod's claims, and talk to the driver's socket the way kubel
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -113,7 +112,7 @@ def start_gpu_dra(bins: Binaries, node: Node) -> None:
         "--kubeconfig",
         str(WORK / "pki" / "admin.kubeconfig"),
     ]
-    env = dict(os.environ, PYTHONPATH=f"{repo / 'tests'}:{repo}")
+    env = dict(procs.node_env(), PYTHONPATH=f"{repo / 'tests'}:{repo}")
     st = State.load()
     proc = procs.spawn(
         f"{node.name}/gpu-dra", argv, WORK / "logs" / node.name / "gpu-dra.log", node.netns, node.mntns, env

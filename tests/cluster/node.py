@@ -31,7 +31,7 @@ import yaml
 from cluster import topology as topo
 from cluster.build import CNI_PLUGINS, RUNC, Binaries
 from cluster.numa_tree import build_numa_tree
-from cluster.procs import Proc, spawn, wait_for
+from cluster.procs import Proc, node_env, spawn, wait_for
 
 WORK = Path(os.environ.get("RDMA_CNI_CLUSTER_WORK", "/var/lib/rdma-cni-cluster"))
 RUN = Path("/run/rdma-cni-cluster")
@@ -202,7 +202,7 @@ def start_sim(node: Node, log_dir: Path) -> Proc:
         "--pods-prefix",
         "cni-",
     ]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = dict(node_env(), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     proc = spawn(f"{node.name}/rdma-sim", argv, log_dir / "rdma-sim.log", node.netns, node.mntns, env)
     wait_for(
         "the simulated sysfs tree",
@@ -296,7 +296,7 @@ state = "/run/containerd"
 def start_containerd(node: Node, bins: Binaries, registry: str, log_dir: Path) -> Proc:
     containerd_config(node, registry)
     shim_dir = str(Path(bins.path("containerd-shim-runc-v2")).parent)
-    env = dict(os.environ, PATH=f"{shim_dir}:{os.environ['PATH']}")
+    env = dict(node_env(), PATH=f"{shim_dir}:{os.environ['PATH']}")
     proc = spawn(
         f"{node.name}/containerd",
         [bins.path("containerd"), "--config", "/etc/containerd/config.toml"],
@@ -397,7 +397,7 @@ def start_gpu_plugin(node: Node, log_dir: Path) -> Proc:
         "/var/lib/kubelet/device-plugins",
     ]
     repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f"{repo / 'tests'}:{repo}")
+    env = dict(node_env(), PYTHONPATH=f"{repo / 'tests'}:{repo}")
     return spawn(f"{node.name}/gpu-plugin", argv, log_dir / "gpu-plugin.log", node.netns, node.mntns, env)
 
 
