@@ -234,7 +234,8 @@ def test_a_namespace_user_with_nad_rights_reaches_nothing_of_the_node(
     assert node_ip() == ip_before, "the node's own address stays on eth0"
     for path in ("/var/tmp/tenant-data", "/var/tmp/tenant-run", "/var/tmp/tenant.log",
                  "/var/tmp/tenant-kubelet"):
-        assert not NODE.dir(path).exists(), f"{path} was created on the node"
+        # not a directory of the node's own (cluster/node.py NODE_DIRS): the node sees this machine's
+        assert not Path(path).exists(), f"{path} was created on the node"
     assert addresses(kube, "victim") == victim, "another namespace's pod keeps its bonds"
     tenant.as_tenant(kube, "delete", "pod", "--all", "--wait=true")
     w.apply(kube, pod("rest", ["rdma-exclusive"] * 4, {RDMA: 4}))
