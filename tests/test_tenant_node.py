@@ -230,3 +230,25 @@ def test_shared_mode_nad_keys_the_node_decides_are_refused(
     err = json.loads(proc.stdout)
     assert proc.returncode != 0 and err["code"] == 7 and key in err["msg"], err
     assert n.snapshot() == before and not os.path.exists("/TENANT")
+
+
+def test_ips_and_cni_args_a_pod_author_sets_never_take_the_node_ip(tenant: Tenant) -> None:
+    """What rdma-multus and Multus hand a delegate from the JSON annotation (``ips`` as the ``ips``
+    capability and ``IP=`` in CNI_ARGS, ``cni-args`` as ``args.cni``): the pod still gets its own
+    allocated bond with that bond's own address, never the node's IP it asked for."""
+    n = tenant.n
+    before = n.snapshot()
+    pod, args = tenant.pod("ibv-app-0")
+    extra = {"CNI_ARGS": args["CNI_ARGS"] + f";IP={NODE_IP}"}
+    conf = tenant.node_config(deviceID="mlx5_bond_3", runtimeConfig={"ips": [NODE_IP]},
+                              args={"cni": {"ips": [NODE_IP], "masters": ["hostnic0"]}})
+    r = n.plugin("ADD", conf, pod, "c1", "net1", extra=extra)
+    assert r.code == 0, r.out
+    assert [ip["address"] for ip in r.out["ips"]] == [HOST["bond3"]]
+    assert n.pins() == {"bond3": "c1"}
+    assert n.snapshot()["addr"] != before["addr"]  # bond3's address is in the pod now, hostnic0's is not
+    host = {link["ifname"]: link for link in n.node_json("addr")}
+    v4 = [f"{a['local']}/{a['prefixlen']}" for a in host["hostnic0"]["addr_info"] if a["family"] == "inet"]
+    assert v4 == [NODE_IP]
+    assert n.plugin("DEL", conf, pod, "c1", "net1", extra=extra).code == 0
+    assert n.snapshot() == before and n.pins() == {}
