@@ -285,7 +285,8 @@ def bond_down(node: Node, bond: str) -> Iterator[None]:
 
 def use_macvlan_link(node: Node) -> None:
     """Shared mode's delegate with ``link: macvlan``: this kernel has no IPVLAN (the VM tests keep
-    the IPVLAN default). Written into the node's config the install container laid down."""
+    the IPVLAN default). Written into the node's config and node policy the install container laid
+    down, as the chart's ``shared.link=macvlan`` would have written them."""
     path = node.dir("/etc/cni/net.d") / "rdma-multus.d" / "tke-rdma-ipvlan.conf"
     wait(f"{path} installed", path.exists, 120)
     conf = json.loads(path.read_text())
@@ -294,6 +295,13 @@ def use_macvlan_link(node: Node) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(conf, indent=2))
     tmp.rename(path)
+    # and the node policy the same install wrote, which decides the link (a config alone may not)
+    policy_path = node.dir("/etc/rdma-cni") / "node-policy.json"
+    policy = json.loads(policy_path.read_text())
+    policy["paths"]["rdma-ipvlan"]["link"] = "macvlan"
+    tmp = policy_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(policy, indent=2))
+    tmp.rename(policy_path)
 
 
 def bare_pod(deployment: dict[str, Any], name: str) -> str:
