@@ -398,8 +398,11 @@ def test_a_namespace_user_reaches_nothing_of_the_node_through_rdma_multus(kube: 
         assert _node_ips() == ips, "the nodes' own addresses stay on eth0"
         assert bonds_of(kube, victim) == held
     finally:
+        # the pods first (what holds bonds, if anything did); the namespaces go on in the background
+        kubectl(kube, "-n", tenant.NAMESPACE, "delete", "pod", "--all", "--wait=true", timeout=120,
+                check=False)
         for ns in (tenant.NAMESPACE, "team-b"):
-            kubectl(kube, "delete", "namespace", ns, "--wait=true", timeout=180, check=False)
+            kubectl(kube, "delete", "namespace", ns, "--wait=false", check=False)
         kubectl(kube, "scale", "statefulset", "ibv-app", "--replicas=4")
     after = {p["metadata"]["name"]: sorted(bonds_of(kube, p["metadata"]["name"]).items())
              for p in w.wait_ready(kube, SEED, 4)}
