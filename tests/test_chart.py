@@ -253,7 +253,8 @@ def test_every_value_reaches_the_daemonset() -> None:
 
 def test_one_template_per_kind_of_object() -> None:
     kinds: dict[str, set[str]] = {}
-    for sets in ([], ["--set", "frontEnd=dra", "--set", "metrics.serviceMonitor.enabled=true"]):
+    for sets in ([], ["--set", "frontEnd=dra", "--set", "metrics.serviceMonitor.enabled=true",
+                      "--set", "metrics.prometheusRule.enabled=true"]):
         for d in re.split(r"^---\n", chart.template(*sets), flags=re.MULTILINE):
             source = re.search(r"^# Source: rdma-cni/templates/(\S+)", d, re.MULTILINE)
             kind = re.search(r"^kind: (\S+)", d, re.MULTILINE)
