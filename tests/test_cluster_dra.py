@@ -319,6 +319,7 @@ def _pod_events(bins: Binaries, name: str) -> list[str]:
     return [f"{e.get('reason')}: {e.get('message')}" for e in events if e.get("type") == "Warning"]
 
 
+@pytest.mark.tenant
 def test_a_claim_whose_config_sets_a_field_the_driver_does_not_define_is_refused_before_prepare(
     kube: Binaries,
 ) -> None:

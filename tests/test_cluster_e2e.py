@@ -349,6 +349,7 @@ def _node_ips() -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.tenant
 def test_a_namespace_user_reaches_nothing_of_the_node_through_rdma_multus(kube: Binaries) -> None:
     """docs/security.md's doors under rdma-multus, tried by a user whose Role grants pods and NADs in
     team-a only (``kubectl --as``): a NAD naming the node's NIC, one of another namespace, one naming

@@ -193,6 +193,7 @@ def node_ip() -> list[str]:
     return [f"{a['local']}/{a['prefixlen']}" for link in out for a in link["addr_info"]]
 
 
+@pytest.mark.tenant
 def test_a_namespace_user_with_nad_rights_reaches_nothing_of_the_node(
     kube: Binaries, baseline: dict[str, dict[str, Any]]
 ) -> None:
