@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from rdma_cni.cni import config_fields as cf
 from rdma_cni.cni.errors import INVALID_CONFIG, CniError, ConfigKeyError, invalid_key
+from rdma_cni.node_policy import NodePolicy
 from rdma_cni.rdma import sysfs
 
 # The device plugin's resource of exclusive mode, which a delegate that picks bonds itself must
@@ -98,6 +99,19 @@ def bonds(masters: list[str] | None, sysfs_root: str, ports: list[sysfs.RdmaPort
         "config key 'masters' is missing and no RDMA device backs a netdev on this node: "
         'list the bonds, e.g. "masters": ["bond0"]',
     )
+
+
+def bounded_masters(policy: NodePolicy, masters: list[str] | None, sysfs_root: str) -> list[str] | None:
+    """A config's ``masters`` within the node's bonds (the policy's ``bonds``, else the netdevs that
+    back the node's RDMA devices): a name outside them is error 7; no ``masters`` means the policy's
+    bonds when it lists them. Unchanged where the policy lets configs decide."""
+    if not policy.enforced:
+        return masters
+    policy.check_masters(masters, policy.node_bonds(sysfs.default_masters(sysfs_root) if policy.bonds is None
+                                                   else ()))
+    if masters is None and policy.bonds is not None:
+        return list(policy.bonds)
+    return masters
 
 
 # --- STATUS: the keys it reads, and only those --------------------------------------------------

@@ -74,8 +74,6 @@ DEFAULT_PATHS: dict[str, dict[str, Any]] = {
 # Plugins that take a host interface away, or run another meta plugin with a NAD's paths: a NAD
 # may not name them unless the node's admin lists them in ``networks.allowedTypes``.
 DENIED_TYPES = ("host-device", "sriov", "ib-sriov", "dpdk", "rdma-multus", "multus", "multus-shim")
-# Ours are safe as NAD delegates: they read their config through this policy.
-SAFE_TYPES = ("rdma-macvlan", "rdma-ipvlan")
 
 _PATH_FIX = "leave the key out of the network config: the node's admin sets it (chart values)"
 

@@ -190,10 +190,9 @@ class Agent:
             sock.bind(tmp)
         finally:
             os.umask(old_umask)
-        os.chmod(tmp, 0o600)
         os.chown(tmp, 0, 0)
         sock.listen(128)
-        sockets.make_private(tmp)  # its directory too: nobody else may put a socket in its place
+        sockets.make_private(tmp)  # 0600, and its directory: nobody else may put a socket in its place
         os.rename(tmp, path)
         sock.set_inheritable(False)
         self._listener = sock

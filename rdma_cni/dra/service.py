@@ -157,6 +157,6 @@ def serve_registration(registration: Registration, socket_path: str) -> grpc.Ser
     server = _server("dra-reg")
     reg_grpc.add_RegistrationServicer_to_server(registration, server)
     server.add_insecure_port(f"unix:{socket_path}")
-    sockets.make_private(socket_path)  # before start(): only kubelet (root) may prepare a claim
+    sockets.make_private(socket_path)  # before start(): only kubelet (root) may ask for its info
     server.start()
     return server

@@ -265,31 +265,39 @@ def plugin_request(data: bytes) -> None:
         cni_result.render(req.prev_result, req.cni_version)
 
 
-@_expected
-def macvlan_config_target(data: bytes) -> None:
-    """A NAD's rdma-macvlan config through the node policy, for ADD and for DEL."""
-    raw = _json(data)
-    if isinstance(raw, dict):
-        macvlan_config.parse_config(POLICY.narrow(raw, "rdma-macvlan"))
-        macvlan_config.parse_del_config(POLICY.narrow(raw, "rdma-macvlan", cleanup=True))
+def _config_target(
+    plugin: str, add: Callable[[Any], object], cleanup: Callable[[Any], object], doc: str
+) -> Callable[[bytes], None]:
+    """A plugin's config through the node policy, read as ADD reads it and as DEL does."""
+
+    def target(data: bytes) -> None:
+        raw = _json(data)
+        if isinstance(raw, dict):
+            add(POLICY.narrow(raw, plugin))
+            cleanup(POLICY.narrow(raw, plugin, cleanup=True))
+
+    target.__doc__ = doc
+    return _expected(target)
 
 
-@_expected
-def ipvlan_config_target(data: bytes) -> None:
-    """A NAD's rdma-ipvlan config through the node policy, for ADD and for DEL."""
-    raw = _json(data)
-    if isinstance(raw, dict):
-        ipvlan_config.parse_config(POLICY.narrow(raw, "rdma-ipvlan"))
-        ipvlan_config.parse_del_config(POLICY.narrow(raw, "rdma-ipvlan", cleanup=True))
-
-
-@_expected
-def multus_config_target(data: bytes) -> None:
-    """rdma-multus's own config (a NAD may name it under upstream Multus)."""
-    raw = _json(data)
-    if isinstance(raw, dict):
-        multus_config.parse_config(POLICY.narrow(raw, "rdma-multus"))
-        multus_config.parse_cleanup_config(POLICY.narrow(raw, "rdma-multus", cleanup=True))
+macvlan_config_target = _config_target(
+    "rdma-macvlan",
+    macvlan_config.parse_config,
+    macvlan_config.parse_del_config,
+    "A NAD's rdma-macvlan config through the node policy, for ADD and for DEL.",
+)
+ipvlan_config_target = _config_target(
+    "rdma-ipvlan",
+    ipvlan_config.parse_config,
+    ipvlan_config.parse_del_config,
+    "A NAD's rdma-ipvlan config through the node policy, for ADD and for DEL.",
+)
+multus_config_target = _config_target(
+    "rdma-multus",
+    multus_config.parse_config,
+    multus_config.parse_cleanup_config,
+    "rdma-multus's own config (a NAD may name it under upstream Multus).",
+)
 
 
 @_expected

@@ -34,7 +34,7 @@ from rdma_cni.cni.errors import (
 )
 from rdma_cni.cni.request import Attachment, Request
 from rdma_cni.cni.result import Interface, IPConfig, Result, Route
-from rdma_cni.delegate_config import bonds
+from rdma_cni.delegate_config import bonds, bounded_masters
 from rdma_cni.failpoints import Failpoints
 from rdma_cni.net import addresses, links, pod_routing, routes
 from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
@@ -74,12 +74,8 @@ def _config(req: Request) -> tuple[IpvlanConfig, Pools]:
     policy = node_policy.load(req.env)
     cfg, pools = parse_config(policy.narrow(req.config, PLUGIN))
     logconf.configure(cfg.log_file, cfg.log_level)
-    if policy.enforced:
-        node_bonds = policy.node_bonds(sysfs.default_masters(cfg.sysfs_root) if policy.bonds is None else ())
-        policy.check_masters(cfg.masters, node_bonds)
-        if cfg.masters is None and policy.bonds is not None:
-            cfg = dataclasses.replace(cfg, masters=list(policy.bonds))
-    return cfg, pools
+    masters = bounded_masters(policy, cfg.masters, cfg.sysfs_root)
+    return (cfg if masters is cfg.masters else dataclasses.replace(cfg, masters=masters)), pools
 
 
 def _cleanup_config(req: Request) -> IpvlanConfig:

@@ -40,7 +40,7 @@ from rdma_cni.cni.errors import (
 from rdma_cni.cni.request import Request
 from rdma_cni.cni.result import Interface, IPConfig, Result, Route
 from rdma_cni.cni.result import parse as parse_result
-from rdma_cni.delegate_config import StatusConfig, bonds, parse_status_config
+from rdma_cni.delegate_config import StatusConfig, bonds, bounded_masters, parse_status_config
 from rdma_cni.net import addresses, links, pod_routing, routes
 from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.net.rtnl import attr
@@ -88,13 +88,9 @@ def _add_config(req: Request) -> tuple[MacvlanConfig, node_policy.NodePolicy]:
     policy = node_policy.load(req.env)
     cfg = parse_config(policy.narrow(req.config, PLUGIN))
     logconf.configure(cfg.log_file, cfg.log_level)
-    if policy.enforced:
-        node_bonds = policy.node_bonds(sysfs.default_masters(cfg.sysfs_root) if policy.bonds is None else ())
-        policy.check_masters(cfg.masters, node_bonds)
-        policy.check_resource(cfg.resource_name)
-        if cfg.masters is None and policy.bonds is not None:
-            cfg = dataclasses.replace(cfg, masters=list(policy.bonds))
-    return cfg, policy
+    policy.check_resource(cfg.resource_name)
+    masters = bounded_masters(policy, cfg.masters, cfg.sysfs_root)
+    return (cfg if masters is cfg.masters else dataclasses.replace(cfg, masters=masters)), policy
 
 
 def _cleanup_config(req: Request) -> MacvlanConfig:

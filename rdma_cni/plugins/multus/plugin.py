@@ -53,7 +53,7 @@ log = logging.getLogger("rdma_cni.multus")
 
 class Multus:
     def add(self, req: Request) -> Result:
-        cfg = _config(req)
+        cfg, policy = _add_config(req)
         store = PlanStore(cfg.cache_dir)
         earlier = store.load(req.container_id, req.ifname)
         if earlier is not None:
@@ -61,7 +61,7 @@ class Multus:
         pod = PodView(req, cfg)
         wanted = _networks(req, cfg, pod.selections())
         plan = AttachmentPlan(
-            req.container_id, req.ifname, req.netns, pod.ref(), _plan(req, cfg, pod, wanted)
+            req.container_id, req.ifname, req.netns, pod.ref(), _plan(req, cfg, pod, wanted, policy)
         )
         store.save(plan)  # before any delegate runs: DEL must be able to undo a half-done ADD
         runner = _runner(req, cfg)
@@ -154,11 +154,17 @@ PLUGIN = "rdma-multus"
 
 
 def _config(req: Request) -> MultusConfig:
+    return _add_config(req)[0]
+
+
+def _add_config(req: Request) -> tuple[MultusConfig, node_policy.NodePolicy]:
     """ADD/CHECK/STATUS: read through the node's policy (a NAD may name rdma-multus too, and its
-    kubeconfig, confDir, binDirs and cacheDir are the node's to choose: :mod:`rdma_cni.node_policy`)."""
-    cfg = parse_config(node_policy.load(req.env).narrow(req.config, PLUGIN))
+    kubeconfig, confDir, binDirs and cacheDir are the node's to choose: :mod:`rdma_cni.node_policy`);
+    ADD keeps the policy for the NADs it reads."""
+    policy = node_policy.load(req.env)
+    cfg = parse_config(policy.narrow(req.config, PLUGIN))
     rdma_log.configure(cfg.log_file, cfg.log_level)
-    return cfg
+    return cfg, policy
 
 
 def _cleanup_config(req: Request) -> MultusConfig:
@@ -286,11 +292,12 @@ class _Wanted:
     is_default: bool
 
 
-def _plan(req: Request, cfg: MultusConfig, pod: PodView, wanted: Sequence[_Wanted]) -> list[Delegate]:
+def _plan(
+    req: Request, cfg: MultusConfig, pod: PodView, wanted: Sequence[_Wanted], policy: node_policy.NodePolicy
+) -> list[Delegate]:
     dirs = cfg.delegate_dirs(req.path)
     delegates = []
     claimed = False
-    policy = node_policy.load(req.env)
     bounds = policy.networks if policy.enforced else None
     for w in wanted:
         net = load_network(cfg, w.selection, pod, bounds)
