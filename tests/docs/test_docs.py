@@ -17,7 +17,7 @@ import yaml
 
 pytestmark = pytest.mark.docs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_readme_is_short_and_opens_with_the_two_commands() -> None:
