@@ -95,9 +95,14 @@ def on_cluster(*args: str, check: bool = True, timeout: float = 300) -> subproce
     return proc
 
 
+# The release the harness installs runs the image under its short name, as its pods' specs then show
+# it (the chart's default names docker.io, which kubelet expands the short name to anyway).
+HARNESS_IMAGE = ("--set", "image.repository=rdma-cni")
+
+
 def release_args(verb: str, *sets: str) -> list[str]:
-    """``helm install|upgrade rdma-cni charts/rdma-cni -n kube-system SETS``."""
-    return [verb, RELEASE, str(CHART), "--namespace", NAMESPACE, *sets]
+    """``helm install|upgrade rdma-cni charts/rdma-cni -n kube-system SETS`` (:data:`HARNESS_IMAGE` first)."""
+    return [verb, RELEASE, str(CHART), "--namespace", NAMESPACE, *HARNESS_IMAGE, *sets]
 
 
 def history() -> list[dict[str, object]]:
