@@ -55,6 +55,19 @@ finite address it put back and the kernel's stamp of that add, so the bond's nex
 first deadlines on instead of the ones the add rounded to (:mod:`rdma_cni.net.lifetimes`). Advisory
 like the skipped notes: a lost note costs the address at most half a second, once.
 
+Schemas across versions (docs/compatibility-policy.md): a record names the schema of its fields.
+This code writes :data:`SCHEMA_VERSION` and reads every schema in :data:`READS_SCHEMAS` (its own
+and the previous one; 1 is the first). A record of a newer schema is read only when its writer says
+a reader of this schema may use it, ignoring the fields it does not know (``min_reader_schema``).
+Any other newer record that names its attachment and bonds (the part every version keeps, see
+:func:`envelope_pins`; a file without even that is unreadable, as a torn one) raises
+:class:`RecordTooNew`, naming the file, its schema and the fix. It is never treated as absent,
+which would let DEL answer success and forget the bonds it holds, or let another ADD take them.
+So ``get`` of such an attachment raises (its DEL changes nothing and is retried by the runtime),
+``attachments`` under the node lock raises (no ADD or GC decides on a partial view of the node),
+and outside the lock it lists the readable records, while ``pins`` still counts the bonds the
+newer record names and ``unreadable`` lists it (doctor, metrics).
+
 A re-addressed bond (:func:`address_drift`): when a bond is given back while it holds a global
 address its record does not (the node's network config or an operator re-addressed it while a pod
 held the old ones), the bond's present configuration is the truth and the record's addresses,
@@ -76,13 +89,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni import durable
-from rdma_cni.cni.errors import CniError
+from rdma_cni import __version__, durable
+from rdma_cni.cni.errors import STATE_CORRUPT, CniError
 from rdma_cni.cni.request import Attachment, validate_container_id, validate_ifname
 
 log = logging.getLogger("rdma_cni.state")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # the schema every record this code writes has
+READS_SCHEMAS = (1,)  # what it reads: its own and the previous one (1 is the first schema)
+# Written by a newer version into a record of a newer schema: the oldest schema whose reader may use
+# the record, ignoring the fields it does not know (what it must understand, it does). Absent: the
+# record's own schema.
+MIN_READER_KEY = "min_reader_schema"
+WRITTEN_BY_KEY = "written_by"  # the rdma-cni version that wrote a record of schema 2 or later
 PHASE_ADDING = "adding"  # write-ahead: the host may be partly changed; DEL/GC must undo
 PHASE_ADDED = "added"  # ADD returned a result
 PHASE_IPAM_PENDING = "ipam-pending"  # the host is given back; only the IPAM release is left (no bonds)
@@ -152,12 +171,12 @@ class AttachmentRecord:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AttachmentRecord:
+    def from_dict(cls, data: dict[str, Any], path: str = "") -> AttachmentRecord:
+        """The record in this code's schema; :class:`RecordTooNew` when its schema is newer and its
+        writer did not allow this one to read it; ValueError/TypeError when it is not a record."""
         if not isinstance(data, dict):
             raise ValueError("record is not a JSON object")
-        if data.get("schema") != SCHEMA_VERSION:
-            raise ValueError(f"schema {data.get('schema')!r}, this plugin reads {SCHEMA_VERSION}")
-        raw = dict(data)
+        raw = readable_as_current(data, path)
         bonds = [BondRecord(**b) for b in raw.pop("bonds", [])]
         rec = cls(**raw, bonds=bonds)
         validate_container_id(rec.container_id)
@@ -165,6 +184,85 @@ class AttachmentRecord:
         if rec.phase not in (PHASE_ADDING, PHASE_ADDED, PHASE_IPAM_PENDING):
             raise ValueError(f"unknown phase {rec.phase!r}")
         return rec
+
+
+class RecordTooNew(CniError):
+    """A record of a schema newer than this code reads: a rollback past the version that wrote it.
+
+    Nothing may act on it (giving its bonds back needs fields this code does not know), nor treat
+    it as absent: the error names the file, its schema and the way out, and the caller stops
+    before it changes anything on the host.
+    """
+
+    def __init__(self, path: str, schema: int, written_by: str = "") -> None:
+        newer = f"rdma-cni {written_by}" if written_by else "the rdma-cni version that wrote it"
+        super().__init__(
+            STATE_CORRUPT,
+            f"node record {path or '(unnamed)'} has schema {schema}, but this rdma-cni ({__version__}) "
+            f"reads schemas {_schemas_text()}: nothing was changed",
+            f"roll forward to {newer} or later, which gives this attachment back; or, running that "
+            "version, delete the pods whose records these are before rolling back again",
+        )
+        self.path = path
+        self.schema = schema
+        self.written_by = written_by
+
+
+def _schemas_text() -> str:
+    return ", ".join(str(v) for v in READS_SCHEMAS)
+
+
+def _as_schema(value: Any) -> int | None:
+    """A schema number as JSON gives it (an int, not a bool); None for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+_RECORD_FIELDS = frozenset(AttachmentRecord.__dataclass_fields__)
+_BOND_FIELDS = frozenset(BondRecord.__dataclass_fields__)
+
+
+def readable_as_current(data: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """``data`` (a record's JSON object) in :data:`SCHEMA_VERSION`'s shape, or RecordTooNew.
+
+    Schema 1 is the current one and the first, so a record this code reads needs no migration
+    yet; a newer record its writer marked readable by this schema loses the fields this code does
+    not know (the writer promised they may be ignored; a rewrite here drops them)."""
+    schema = _as_schema(data.get("schema"))
+    if schema in READS_SCHEMAS:
+        return dict(data)
+    if schema is None or schema < SCHEMA_VERSION:
+        raise ValueError(f"schema {data.get('schema')!r}, this plugin reads {_schemas_text()}")
+    floor = _as_schema(data.get(MIN_READER_KEY, schema))
+    if floor is None or floor > SCHEMA_VERSION:
+        written_by = data.get(WRITTEN_BY_KEY)
+        raise RecordTooNew(path, schema, written_by if isinstance(written_by, str) else "")
+    log.info("record %s of schema %d read as schema %d, as its writer allows (%s %d)", path or "(unnamed)",
+             schema, SCHEMA_VERSION, MIN_READER_KEY, floor)
+    raw = {k: v for k, v in data.items() if k in _RECORD_FIELDS}
+    raw["schema"] = SCHEMA_VERSION
+    bonds = data.get("bonds", [])
+    if isinstance(bonds, list):
+        raw["bonds"] = [{k: v for k, v in b.items() if k in _BOND_FIELDS} if isinstance(b, dict) else b
+                        for b in bonds]
+    return raw
+
+
+def envelope_pins(data: Any, filename: str) -> tuple[Attachment, list[str]] | None:
+    """The attachment and bond names of a record of any schema, or None: the part of a record every
+    version keeps (``container_id``, ``ifname``, ``bonds[].bond``), so a record this code cannot
+    read still pins its bonds. None unless it names the attachment its file name says."""
+    if not isinstance(data, dict) or not isinstance(data.get("bonds"), list):
+        return None
+    cid, ifname = data.get("container_id"), data.get("ifname")
+    bonds = [b.get("bond") for b in data["bonds"] if isinstance(b, dict)]
+    if not (isinstance(cid, str) and isinstance(ifname, str)) or not all(isinstance(b, str) for b in bonds):
+        return None
+    try:
+        if record_filename(cid, ifname) != filename:
+            return None
+    except CniError:
+        return None
+    return Attachment(cid, ifname), [str(b) for b in bonds]
 
 
 def recorded_cidrs(b: BondRecord) -> list[str]:
@@ -301,6 +399,9 @@ class NodeState:
         self.dir = os.path.join(data_dir, ATTACHMENTS_DIR)
         self._ensured = False
         self._unreadable: list[str] = []
+        # What the last attachments() found of a schema this code cannot read: the error, and the
+        # attachment and bonds the record names (its pins).
+        self._too_new: list[tuple[RecordTooNew, tuple[Attachment, list[str]]]] = []
         # attachments() as read under the node lock held now (None: not read, or written since).
         # Only lock holders add records, so within one hold the list can only have grown stale by
         # a record a DEL (claim only) removed meanwhile: its bonds look pinned a moment longer, the
@@ -454,6 +555,8 @@ class NodeState:
             pass
 
     def get(self, container_id: str, ifname: str) -> AttachmentRecord | None:
+        """The attachment's record; None when there is none (or it is unreadable, logged). Raises
+        :class:`RecordTooNew` when it is of a newer schema: DEL must not answer "nothing recorded"."""
         return self._load(self.path(container_id, ifname))
 
     def remove(self, container_id: str, ifname: str) -> bool:
@@ -471,9 +574,12 @@ class NodeState:
         return removed
 
     def attachments(self) -> list[AttachmentRecord]:
+        """Every readable record. Under the node lock (an ADD or GC about to decide) a record of a
+        newer schema raises :class:`RecordTooNew`; outside it (doctor, metrics, reconcile) it is
+        left out, listed by :meth:`unreadable`, its bonds still in :meth:`pins`."""
         if self._held is not None:
             return list(self._held)
-        self._unreadable = []
+        self._unreadable, self._too_new = [], []
         try:
             names = sorted(os.listdir(self.dir))
         except FileNotFoundError:
@@ -482,15 +588,25 @@ class NodeState:
         for name in names:
             if not name.endswith(".json") or name.startswith(".tmp-"):
                 continue
-            rec = self._load(os.path.join(self.dir, name))
+            try:
+                rec = self._load(os.path.join(self.dir, name))
+            except RecordTooNew:
+                continue  # noted by _load
             if rec is not None:
                 out.append(rec)
+        if self._holding and self._too_new:
+            raise self._too_new[0][0]
         if self._holding:
             self._held = out
         return list(out)
 
     def pins(self) -> dict[str, Attachment]:
-        return {b.bond: rec.key for rec in self.attachments() for b in rec.bonds}
+        """bond -> the attachment it is pinned to, also by a record of a newer schema."""
+        out = {b.bond: rec.key for rec in self.attachments() for b in rec.bonds}
+        for _, (key, bonds) in self._too_new:
+            for bond in bonds:
+                out.setdefault(bond, key)
+        return out
 
     def unreadable(self) -> list[str]:
         """Files the last :meth:`attachments` call could not use (for cni-tool state / doctor)."""
@@ -567,22 +683,34 @@ class NodeState:
             if not isinstance(body, dict) or body.get("writeAhead") != stamp:
                 log.info("commit record %s%s is not of this write-ahead record: ignored", path, COMMIT_SUFFIX)
                 return None
-            return AttachmentRecord.from_dict(body.get("record"))  # type: ignore[arg-type]
+            return AttachmentRecord.from_dict(body.get("record"), path + COMMIT_SUFFIX)  # type: ignore[arg-type]
         except FileNotFoundError:
             return None
+        except RecordTooNew:
+            raise  # not a torn commit: the write-ahead record alone would read as a crashed ADD
         except (OSError, ValueError, TypeError, CniError) as exc:  # e.g. emptied by a power loss
             log.warning("commit record %s%s unreadable, using the write-ahead record: %s", path,
                         COMMIT_SUFFIX, exc)
             return None
 
     def _load(self, path: str) -> AttachmentRecord | None:
+        data: Any = None
         try:
             with open(path, "rb") as f:
                 data = json.loads(f.read())
                 stamp = _stamp(os.fstat(f.fileno()))
-            rec = self._committed(path, stamp) or AttachmentRecord.from_dict(data)
+            rec = self._committed(path, stamp) or AttachmentRecord.from_dict(data, path)
         except FileNotFoundError:
             return None
+        except RecordTooNew as exc:
+            self._unreadable.append(path)
+            named = envelope_pins(data, os.path.basename(path))
+            if named is None:  # not even the part every version keeps: no record of ours
+                log.error("state file %s is unreadable, treated as absent: %s", path, exc.msg)
+                return None
+            log.error("%s; %s", exc.msg, exc.details)
+            self._too_new.append((exc, named))
+            raise
         except (OSError, ValueError, TypeError, CniError) as exc:
             log.error("state file %s is unreadable, treated as absent: %s", path, exc)
             self._unreadable.append(path)
