@@ -185,6 +185,14 @@ def compat_ns(node_ns: Node) -> Iterator[tuple[Node, dict[str, Any]]]:
     yield node_ns, compat_node.build(node_ns)
 
 
+def record_files(n: Node) -> dict[str, bytes]:
+    out = {}
+    for name in n.state_files():
+        with open(os.path.join(n.data_dir, "attachments", name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
 def assert_given_back(n: Node, before: dict[str, Any]) -> None:
     assert n.snapshot() == before
     assert n.state_files() == []
@@ -240,7 +248,7 @@ def test_a_newer_record_is_refused_and_nothing_on_the_host_changes(
     compat_node.strip(n)
     path = install(n.data_dir, newer(fixture_bytes(RECORD)), newer(fixture_bytes(RECORD + COMMIT_SUFFIX)))
     held = n.snapshot()
-    files = {name: open(os.path.join(n.data_dir, "attachments", name), "rb").read() for name in n.state_files()}
+    files = record_files(n)
     pod = n.pod()
     answers = {
         "DEL": n.plugin("DEL", conf, "", container_id=CID, ifname=IFNAME),
@@ -254,8 +262,7 @@ def test_a_newer_record_is_refused_and_nothing_on_the_host_changes(
         assert "roll forward to rdma-cni 0.2.0 or later" in res.out.get("details", ""), (verb, res.stdout)
     assert n.snapshot() == held
     assert [link["ifname"] for link in n.pod_json(pod, "link")] == ["lo"]
-    assert {name: open(os.path.join(n.data_dir, "attachments", name), "rb").read()
-            for name in n.state_files()} == files
+    assert record_files(n) == files
     # Rolled forward (the record's schema is one this code reads again): the same DEL gives it back.
     install(n.data_dir, fixture_bytes(RECORD), fixture_bytes(RECORD + COMMIT_SUFFIX))
     res = n.plugin("DEL", conf, "", container_id=CID, ifname=IFNAME)
