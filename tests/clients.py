@@ -198,13 +198,13 @@ def pod_links(netns: str | int) -> set[str]:
 
 @contextmanager
 def containerd(n: ClientNode, conf_dir: Path) -> Iterator[Any]:
-    """H5's private containerd (tests/test_containerd_cri.py) in ``n``'s netns, CNI ``bin_dir`` =
+    """H5's private containerd (tests/cni/test_containerd_cri.py) in ``n``'s netns, CNI ``bin_dir`` =
     ``n.bin_dir``, ``conf_dir`` = ``conf_dir``; yields its CRI client. Sandboxes still live at exit
     are stopped and removed (their DELs give the bonds back), then containerd and its shims stop.
 
     Imported here, not at module level: that module skips itself when containerd is missing.
     """
-    from tests.test_containerd_cri import Containerd, Cri
+    from tests.cni.test_containerd_cri import Containerd, Cri
 
     class OurContainerd(Containerd):  # same harness, this helper's root dir
         def __init__(self, node: ClientNode) -> None:

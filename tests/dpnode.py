@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netns import REPO, Node, node
+from simnode import sim_node
 
 from rdma_cni.sim.kubelet import Endpoint, TestKubelet
-from rdma_cni.sim.node import daemon
 
 RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 PLUGIN = [sys.executable, "-m", "rdma_cni.cli.device_plugin"]
@@ -132,11 +132,9 @@ def dp_node(bonds: int = 2, numa: Callable[[int], int] | None = None,
             n.bond(name, bond_cidr(i))
         sysfs, dev = os.path.join(n.tmp, "sys"), os.path.join(n.tmp, "dev")
         numa_arg = ["--numa=" + ",".join(str(numa(i)) for i in range(bonds))] if numa is not None else []
-        stack.enter_context(daemon(["--sysfs-root", sysfs, "--bonds", ",".join(names),
-                                    "--node-netns", f"/run/netns/{n.name}", "--layout", "mlx5",
-                                    "--pods-dir", "/run/netns", "--pods-prefix", f"h2-{n.tag}-pod-",
-                                    *numa_arg, "--mad", "--rdma-cm", "--dev-root", dev],
-                                   timeout=120))  # 8 bonds on a loaded 2-core machine
+        extra = ["--layout", "mlx5", *numa_arg, "--mad", "--rdma-cm", "--dev-root", dev]
+        # 8 bonds on a loaded 2-core machine: up to 120 s to start
+        stack.enter_context(sim_node(sysfs, names, n.name, f"h2-{n.tag}-pod-", None, extra, timeout=120))
         conf = os.path.join(n.tmp, "tke-rdma-macvlan.conf")
         with open(conf, "w") as f:
             json.dump(n.config(name="tke-rdma-macvlan", masters=names), f)

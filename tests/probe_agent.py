@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from netns import children_of, launch_agent, policy_env
 from netns import stop_agent as stop
-from test_agent_probe import SPEC as PROBE
 
 from rdma_cni.agent import client
 from rdma_cni.cni import dispatch
+from tests.agent.test_agent_probe import SPEC as PROBE
 
 TESTS = Path(__file__).resolve().parent
 PREFIX = f"h7-{os.getpid()}-"

@@ -24,17 +24,17 @@ import pytest
 
 # fmt: off
 SERIAL: Mapping[str, str] = {
-    "test_agent_prefault.py": "prefault runs under SCHED_IDLE: on CPUs the other workers keep busy it "
+    "agent/test_agent_prefault.py": "prefault runs under SCHED_IDLE: on CPUs the other workers keep busy it "
     "gets no time at all, and these tests watch it run and stop",
-    "test_agent_pool.py::test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the_hot_pages":
+    "agent/test_agent_pool.py::test_the_default_pool_is_prefork_idle_workers_and_only_warm_workers_hold_the_hot_pages":
     "reads the workers' private dirty memory against the hot pages, which SCHED_IDLE prefault copies",
-    "test_agent_pool.py::test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit":
+    "agent/test_agent_pool.py::test_agent_rss_with_the_plugin_stack_loaded_is_inside_the_daemonset_limit":
     "a memory bound of a process tree",
-    "test_metrics_agent.py::test_prometheus_sees_the_bond_lent_to_the_pod_then_back_on_the_host":
+    "agent/test_metrics_agent.py::test_prometheus_sees_the_bond_lent_to_the_pod_then_back_on_the_host":
     "asserts the warm ADD lands in the 1 s histogram bucket: a duration",
-    "test_metrics_agent.py::test_doctor_says_where_the_metrics_are_and_whether_they_answer":
+    "agent/test_metrics_agent.py::test_doctor_says_where_the_metrics_are_and_whether_they_answer":
     "the doctor gives /metrics the product's short HTTP timeout, which busy CPUs overran (WARN)",
-    "test_install_bundle.py::test_build_without_client_links_the_plugins_to_the_bundle":
+    "ship/test_install_bundle.py::test_build_without_client_links_the_plugins_to_the_bundle":
     "its own PyInstaller build would queue behind the shared bundle's for the cache lock, and its "
     "300 s bound counts the wait",
 }
@@ -42,86 +42,86 @@ SERIAL: Mapping[str, str] = {
 GROUPS: Mapping[str, str] = {
     # one module-scoped VM run (the scenario) read by ten tests, and two more boots: one TCG guest
     # at a time takes one of the two CPUs, not both
-    "test_vm_e2e.py": "vm",
+    "vm/test_vm_e2e.py": "vm",
     # scripts/demo sweeps the namespaces of dead demo runs: a second demo at the same time would sweep
     # the run test_a_killed_run_is_swept_by_the_next_one killed before it looks
-    "test_ship_demo.py": "demo",
-    "test_install_bundle.py::test_demo_runs_on_the_installed_bundle": "demo",
-    "test_ship_demo_shared.py": "demo",
+    "ship/test_ship_demo.py": "demo",
+    "ship/test_install_bundle.py::test_demo_runs_on_the_installed_bundle": "demo",
+    "ship/test_ship_demo_shared.py": "demo",
     # one real cluster per machine (fixed namespace names, mount points, cgroups): its tests share a
     # worker and one module-scoped cluster; the images' registry test rides along
-    "test_cluster_e2e.py": "cluster",
-    "test_cluster_images.py": "cluster",
-    "test_cluster_dra.py": "cluster",
-    "test_cluster_sweep.py": "cluster",
-    "test_cluster_multus.py": "cluster",
+    "cluster/test_cluster_e2e.py": "cluster",
+    "cluster/test_cluster_images.py": "cluster",
+    "cluster/test_cluster_dra.py": "cluster",
+    "cluster/test_cluster_sweep.py": "cluster",
+    "cluster/test_cluster_multus.py": "cluster",
 }
 
 FIRST: tuple[str, ...] = (
-    "test_cluster_e2e.py",
-    "test_macvlan_concurrency.py::test_200_concurrent_add_del_cycles_leave_nothing_behind",
-    "test_vm_e2e.py",
-    "test_ship_demo.py",
-    "test_install.py",
-    "test_install_bundle.py",
-    "test_install_agent.py",
-    "test_install_rdma_mode.py",
+    "cluster/test_cluster_e2e.py",
+    "plugins/macvlan/test_macvlan_concurrency.py::test_200_concurrent_add_del_cycles_leave_nothing_behind",
+    "vm/test_vm_e2e.py",
+    "ship/test_ship_demo.py",
+    "ship/test_install.py",
+    "ship/test_install_bundle.py",
+    "ship/test_install_agent.py",
+    "ship/test_install_rdma_mode.py",
     # a clean clone's setup and PyInstaller build (~90 s): handed out last it ended the parallel pass
     # 75 s after every other worker (seen)
-    "test_ship_readme_build.py",
+    "ship/test_ship_readme_build.py",
 )
 
 QUICK: tuple[str, ...] = (
     # the pure core: protocol, records, codecs, configs, models (no namespace, milliseconds each)
-    "test_dispatch.py",
-    "test_result.py",
-    "test_conf.py",
-    "test_state.py",
-    "test_rtcodec.py",
-    "test_rdma_records.py",
-    "test_rdma_gid.py",
-    "test_rdma_sysfs.py",
-    "test_sim_model.py",
-    "test_multus_plan.py",
-    "test_multus_status.py",
-    "test_multus_networks.py",
-    "test_devices_model.py",
-    "test_devices_pci.py",
-    "test_devices_config.py",
-    "test_devices_pools.py",
-    "test_devices_poolconf.py",
-    "test_ipvlan_pool.py",
-    "test_kube_files.py",
-    "test_cni_tool_cache.py",
-    "test_cni_tool_conflist.py",
-    "test_agent_probe.py",
+    "cni/test_dispatch.py",
+    "cni/test_result.py",
+    "ship/test_conf.py",
+    "core/test_state.py",
+    "net/test_rtcodec.py",
+    "rdma/test_rdma_records.py",
+    "rdma/test_rdma_gid.py",
+    "rdma/test_rdma_sysfs.py",
+    "sim/test_sim_model.py",
+    "plugins/multus/test_multus_plan.py",
+    "plugins/multus/test_multus_status.py",
+    "plugins/multus/test_multus_networks.py",
+    "devices/test_devices_model.py",
+    "devices/test_devices_pci.py",
+    "devices/test_devices_config.py",
+    "devices/test_devices_pools.py",
+    "devices/test_devices_poolconf.py",
+    "plugins/ipvlan/test_ipvlan_pool.py",
+    "kube/test_kube_files.py",
+    "cli/test_cni_tool_cache.py",
+    "cli/test_cni_tool_conflist.py",
+    "agent/test_agent_probe.py",
     # mechanisms against the real kernel
-    "test_net_mechanisms.py::test_netlink_in_talks_to_the_netns_without_forking_and_returns_home",
-    "test_net_mechanisms.py::test_routes_and_rules_are_replayed_exactly_after_the_kernel_flushed_them",
-    "test_sim_node.py::test_daemon_process_follows_a_move_and_stops_by_pid",
-    "test_kube_client.py::test_get_pod_with_each_kind_of_credential",
-    "test_kube_podresources.py::test_get_answers_one_pod_with_every_containers_devices_once",
+    "net/test_net_mechanisms.py::test_netlink_in_talks_to_the_netns_without_forking_and_returns_home",
+    "net/test_net_mechanisms.py::test_routes_and_rules_are_replayed_exactly_after_the_kernel_flushed_them",
+    "sim/test_sim_node.py::test_daemon_process_follows_a_move_and_stops_by_pid",
+    "kube/test_kube_client.py::test_get_pod_with_each_kind_of_credential",
+    "kube/test_kube_podresources.py::test_get_answers_one_pod_with_every_containers_devices_once",
     # one real-netns round trip per plugin: rdma-macvlan in-process and through the agent's C client,
     # with the simulated RDMA device; rdma-multus with its API server, then with rdma-macvlan under it
-    "test_macvlan_netns.py::test_one_bond_ip_move_round_trip_restores_node_exactly",
-    "test_macvlan_rdma.py::test_add_keeps_the_host_gid_index_records_it_and_del_gives_it_back",
-    "test_multus_netns.py::test_tke_pod_gets_eth0_from_default_and_net1_from_the_rdma_network",
-    "test_multus_rdma_macvlan.py::test_seed_pod_gets_eth0_and_both_bonds_and_del_gives_them_back",
-    "test_cni_tool.py::test_add_chains_plugins_in_order_and_caches_the_last_result",
+    "plugins/macvlan/test_macvlan_netns.py::test_one_bond_ip_move_round_trip_restores_node_exactly",
+    "plugins/macvlan/test_macvlan_rdma.py::test_add_keeps_the_host_gid_index_records_it_and_del_gives_it_back",
+    "plugins/multus/test_multus_netns.py::test_tke_pod_gets_eth0_from_default_and_net1_from_the_rdma_network",
+    "plugins/multus/test_multus_rdma_macvlan.py::test_seed_pod_gets_eth0_and_both_bonds_and_del_gives_them_back",
+    "cli/test_cni_tool.py::test_add_chains_plugins_in_order_and_caches_the_last_result",
     # rdma-ipvlan (shared mode): pods sharing every bond with addresses of their own, in-process and
     # through the agent
-    "test_ipvlan_netns.py::test_pods_share_every_bond_with_their_own_addresses_ping_and_del_leaves_the_node_exact",
+    "plugins/ipvlan/test_ipvlan_netns.py::test_pods_share_every_bond_with_their_own_addresses_ping_and_del_leaves_the_node_exact",
     # the device plugin against the test kubelet, and the allocation reaching the pod
-    "test_deviceplugin_grpc.py::test_registers_and_lists_every_bond_with_its_numa_node",
-    "test_deviceplugin_pools_grpc.py::test_seed_002s_config_json_with_a_second_pool_registers_both_and_allocates_exactly_their_hcas",
-    "test_e2e_deviceplugin_multus.py::test_kubelet_allocates_4_of_8_and_the_pod_gets_exactly_those_bonds_and_devices",
+    "deviceplugin/test_deviceplugin_grpc.py::test_registers_and_lists_every_bond_with_its_numa_node",
+    "deviceplugin/test_deviceplugin_pools_grpc.py::test_seed_002s_config_json_with_a_second_pool_registers_both_and_allocates_exactly_their_hcas",
+    "deviceplugin/test_e2e_deviceplugin_multus.py::test_kubelet_allocates_4_of_8_and_the_pod_gets_exactly_those_bonds_and_devices",
     # the agent: its answer is the in-process one, through the Python and the C client
-    "test_agent.py::test_agent_answer_equals_the_in_process_answer",
-    "test_agent_c_client.py::test_c_client_answer_equals_the_in_process_answer",
-    "test_agent_macvlan.py::test_agent_and_in_process_give_the_same_results_and_host_changes",
+    "agent/test_agent.py::test_agent_answer_equals_the_in_process_answer",
+    "agent/test_agent_c_client.py::test_c_client_answer_equals_the_in_process_answer",
+    "agent/test_agent_macvlan.py::test_agent_and_in_process_give_the_same_results_and_host_changes",
     # node checks and metrics read the same node
-    "test_doctor.py::test_healthy_node_from_the_real_kernel_capture_is_all_ok",
-    "test_metrics.py::test_bonds_holders_lost_and_gid_indices",
+    "doctor/test_doctor.py::test_healthy_node_from_the_real_kernel_capture_is_all_ok",
+    "agent/test_metrics.py::test_bonds_holders_lost_and_gid_indices",
 )
 # fmt: on
 

@@ -8,7 +8,7 @@ concurrent ADD of the node also needs the CPU for. This codec covers the attribu
 reports for IPv4/IPv6 addresses, unicast routes (with metrics) and rules. Anything else -- an
 attribute the table below does not know, multipath hops, encapsulation, MPLS, a value of an
 unexpected size or shape -- goes to pyroute2 for the whole message, so a record is always what
-pyroute2 makes of the message and a replay always sends what pyroute2 sends (tests/test_rtcodec.py
+pyroute2 makes of the message and a replay always sends what pyroute2 sends (tests/net/test_rtcodec.py
 compares the two, byte for byte and record for record, on real kernel dumps).
 
 Records: ``{header fields..., "attrs": [[NAME, value], ...]}`` as :func:`rdma_cni.net.rtnl.record`

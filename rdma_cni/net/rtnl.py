@@ -51,7 +51,7 @@ def record(kind: str, full: Record) -> Record:
 
 def decode(kind: str, data: bytes) -> Record:
     """A whole message (header included) -> a record with every attribute: by :mod:`rtcodec`, or by
-    pyroute2's message class for what it does not handle (the two agree: tests/test_rtcodec.py)."""
+    pyroute2's message class for what it does not handle (the two agree: tests/net/test_rtcodec.py)."""
     try:
         return rtcodec.decode(kind, data)
     except rtcodec.Unsupported:
@@ -68,7 +68,7 @@ def encode(kind: str, rec: Record, msg_type: int, flags: int, seq: int) -> bytes
 
 def pyroute2_decode(kind: str, data: bytes) -> Record:
     """:func:`decode` by pyroute2's message class alone: the fallback, and the reference the
-    codec is held to (tests/test_rtcodec.py, scripts/bench-rtcodec)."""
+    codec is held to (tests/net/test_rtcodec.py, scripts/bench-rtcodec)."""
     msg = _message_class(kind)(data)
     msg.decode()
     out: Record = {k: msg[k] for k in _HEADERS[kind]}

@@ -5,6 +5,8 @@
 * :mod:`rdma_cni.sim.model` — the kernel's GID slot rules seen in the lab; ``table_snapshot`` reads any
   tree (real or simulated) in one comparable form.
 * :mod:`rdma_cni.sim.node` — ``SimNode``: follows live addresses of veth "bonds" and of macvlans in pod
-  namespaces and keeps the tree's GID tables in sync; also a daemon (``python -m rdma_cni.sim.node``).
-* :mod:`rdma_cni.sim.fixture` — turn a captured tree (``shared/fixtures``) into a live-looking one.
+  namespaces and keeps the tree's GID tables in sync.
+* :mod:`rdma_cni.sim.daemon` — runs one in a thread, or as a process (``python -m rdma_cni.sim.daemon``).
+* :mod:`rdma_cni.sim.sync` — waits until it has seen a new pod netns or every event so far.
+* :mod:`rdma_cni.sim.fixture` — turn a sysfs capture of a real node into a live-looking tree.
 """

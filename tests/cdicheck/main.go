@@ -1,6 +1,6 @@
 // cdicheck: resolve CDI device IDs with the CDI library containerd 2.4.2 vendors
 // (tags.cncf.io/container-device-interface v1.1.1, containerd/v2@v2.4.2 go.mod), the way the
-// runtime injects a DRA driver's devices, and print what a container would get. tests/test_cdi.py
+// runtime injects a DRA driver's devices, and print what a container would get. tests/devices/test_cdi.py
 // runs it against the specs rdma_cni/devices/cdi.py writes.
 //
 //	cdicheck SPEC_DIR ID...   exit 1 with the library's error when a spec or an ID is refused

@@ -184,7 +184,7 @@ def start_sim(node: Node, log_dir: Path) -> Proc:
     argv = [
         sys.executable,
         "-m",
-        "rdma_cni.sim.node",
+        "rdma_cni.sim.daemon",
         "--sysfs-root",
         str(node.sys_tree),
         "--bonds",

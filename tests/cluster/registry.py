@@ -24,7 +24,7 @@ registry.k8s.io pointing at this registry; containerd expands a Docker Hub short
 - ``registry.k8s.io/pause:3.10.1`` -> ``<addr>/pause:3.10.1``
 
 So ``image: rdma-cni:0.1.0`` in a manifest (normalised by kubelet to docker.io/library/rdma-cni:0.1.0)
-is pulled as ``GET http://<addr>/v2/library/rdma-cni/manifests/0.1.0``. tests/test_cluster_images.py
+is pulled as ``GET http://<addr>/v2/library/rdma-cni/manifests/0.1.0``. tests/cluster/test_cluster_images.py
 has the cluster's containerd pull every image so, with ``[host."http://<addr>"] capabilities =
 ["pull", "resolve"]`` and no TLS settings: a ``skip_verify`` there makes containerd try HTTPS first
 on every request (it logs so) before it falls back to HTTP.

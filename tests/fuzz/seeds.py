@@ -1,5 +1,5 @@
 """Each fuzz target's seed inputs: what the shipped configs, TKE's guide and Multus's docs write, and
-the attempts tried as a tenant (tests/test_tenant_node.py), so the fuzzer starts from real shapes."""
+the attempts tried as a tenant (tests/core/test_tenant_node.py), so the fuzzer starts from real shapes."""
 
 from __future__ import annotations
 

@@ -213,7 +213,8 @@ class Node:
 SIM_NODE = r"""
 import signal, sys, threading
 from rdma_cni.sim.model import MLX5_TYPES
-from rdma_cni.sim.node import SimNode, parse_bonds
+from rdma_cni.sim.node import SimNode
+from rdma_cni.sim.daemon import parse_bonds
 root, bonds, node_netns, prefix, numa, dev_root = sys.argv[1:7]
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())

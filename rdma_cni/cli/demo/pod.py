@@ -14,7 +14,7 @@ from rdma_cni.cli.demo.installed import Demo
 from rdma_cni.cli.demo.node import ANNOTATION, POD, RESOURCE
 from rdma_cni.cli.demo.shared_node import SharedDemo
 from rdma_cni.cli.demo.shell import DemoFailed, banner, say
-from rdma_cni.sim.node import wait_watched
+from rdma_cni.sim.sync import wait_watched
 
 
 def add(d: Demo) -> dict[str, str]:

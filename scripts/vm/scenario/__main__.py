@@ -24,7 +24,7 @@ bond named like the product (``mlx5_bond_N``), addresses from 198.51.100.0/24 â€
 developer's quick look at one section: the others are then reported as skipped).
 
 Every outcome is one JSON line in ``$VM_OUT/results.jsonl`` (``kind`` check/fact/skip; a check has
-``ok``, ``expected``, ``actual``); ``tests/test_vm_e2e.py`` asserts on them. The GID table is read
+``ok``, ``expected``, ``actual``); ``tests/vm/test_vm_e2e.py`` asserts on them. The GID table is read
 here with plain ``open`` calls â€” an oracle independent of the project's own reader, which is
 cross-checked against it. Few processes are spawned: under TCG each costs ~0.25 s.
 """

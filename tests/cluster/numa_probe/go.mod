@@ -1,5 +1,5 @@
 // numa_probe: cadvisor's own sysfs topology code (the version kubelet v1.37.2 builds with, per
-// k8s.io/kubernetes v1.37.2's go.mod) run against a sysfs tree; tests/test_cluster_gpu_plugin.py
+// k8s.io/kubernetes v1.37.2's go.mod) run against a sysfs tree; tests/cluster/test_cluster_gpu_plugin.py
 // checks tests/cluster/numa_tree.py's fake NUMA nodes with it.
 module rdma-cni.test/numaprobe
 
