@@ -546,6 +546,56 @@ def build_images(
     return images
 
 
+def release_image(
+    repo: Path,
+    cache_root: Path,
+    tag: str,
+    labels: dict[str, str],
+    dest: Path,
+    extract: Sequence[str] = (),
+) -> Image:
+    """``rdma-cni:<tag>`` exactly as :func:`build_images` makes and caches it, plus ``labels``, saved
+    as ``dest/image.tar`` and ``dest/oci/`` (what scripts/release pushes); each path of ``extract``
+    (relative to the image's /) is copied out to ``dest/rootfs/``, so the release's bundle tarball and
+    SBOM are made of the very files the image holds. The labels go on in a commit of their own (no
+    layer), outside the cache: a release's build time and commit never rebuild the bundle."""
+    repo = repo.resolve()
+    b = Buildah(cache_root)
+    ref = f"{PRODUCT_REPO}:{tag}"
+    with _locked(cache_root / "images" / ".lock"):
+        base = build_base(b, cache_root)
+        (cached,) = build_product(b, repo, cache_root, base, (tag,))
+        b.load(cached.archive, ref)
+        try:
+            with b.container(ref, ref) as ctr:
+                args = [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
+                b("config", *args, ctr, what=f"{ref}: release labels")
+                _copy_out(b, ctr, extract, dest / "rootfs")
+                b("commit", "--quiet", ctr, ref, what=f"{ref}: commit")
+            b.save(ref, dest / "image.tar")
+        finally:
+            b.rmi(ref)
+    _oci_layout(dest / "image.tar", dest / "oci")
+    return Image(ref, dest / "image.tar", dest / "oci")
+
+
+def _copy_out(b: Buildah, ctr: str, paths: Sequence[str], dest: Path) -> None:
+    """Copy ``paths`` of the working container's filesystem to ``dest`` (symlinks kept as links)."""
+    if not paths:
+        return
+    root = Path(b("mount", ctr, what=f"{ctr}: mount"))
+    try:
+        for rel in paths:
+            src, out = root / rel.lstrip("/"), dest / rel.lstrip("/")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir() and not src.is_symlink():
+                shutil.copytree(src, out, symlinks=True)
+            else:
+                shutil.copy2(src, out, follow_symlinks=False)
+    finally:
+        b("umount", ctr, what=f"{ctr}: umount")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m cluster.images --repo R --cache C [--tag T ...]``: build (or find) every image and
     print one ``ref archive`` line each."""
