@@ -3,7 +3,9 @@
  * would cost more than the whole call in the warm agent. It speaks exactly the protocol documented
  * in rdma_cni/agent/client.py (frames "RCN1" count size, items u32-BE length + bytes; SCM_RIGHTS with
  * the caller's /proc/self/ns/{net,mnt} and its root directory "/", which the worker takes too: a
- * delegate of upstream Multus thick runs chrooted into /hostroot; READY 'R' / REFUSE 'N' / GO 'G'),
+ * delegate of upstream Multus thick runs chrooted into /hostroot; READY 'R' / REFUSE 'N' / GO 'G';
+ * wire version 2: the request offers "RDMA_CNI_WIRE=1-2", and SKEW 'V' + a one-item frame is a
+ * refusal for the wire version, whose reason (naming both versions) goes to stderr),
  * and when the agent is
  * absent, refuses, or breaks before GO, it execs the in-process implementation with the same stdin
  * and environment (plus RDMA_CNI_AGENT=off so that one does not try the agent again). After GO it
@@ -44,6 +46,7 @@
 #define ANSWER_TIMEOUT_S 600
 #define MAX_FRAME (8u * 1024 * 1024)
 #define TRY_AGAIN_LATER 11
+#define WIRE_OFFER "RDMA_CNI_WIRE=1-2"  /* the wire versions this client speaks (rdma_cni/agent/wire.py) */
 
 extern char **environ;
 
@@ -240,6 +243,22 @@ static void put_frame(struct buf *frame, const struct buf *body, size_t count) {
     put(frame, body->p, body->len);
 }
 
+/* After SKEW: the reason frame (one item), written to stderr; the caller falls back. */
+static void report_skew(int fd) {
+    unsigned char head[12];
+    uint32_t size = 0;
+    unsigned char *body = NULL;
+    if (!recv_exact(fd, head, 12) && !memcmp(head, "RCN1", 4) && get_u32(head + 4) == 1 &&
+        (size = get_u32(head + 8)) >= 4 && size <= 65536 && (body = malloc(size)) && !recv_exact(fd, body, size) &&
+        get_u32(body) == size - 4) {
+        fprintf(stderr, "rdma-cni-client: %.*s; running the call in-process\n", (int)(size - 4), body + 4);
+    } else {
+        fprintf(stderr, "rdma-cni-client: rdma-agent refused this client's wire versions (%s); running the "
+                "call in-process\n", WIRE_OFFER);
+    }
+    free(body);
+}
+
 /* Connects to the agent at path, sends the frame (with the GO at its end, if it has one) and waits
  * up to ready_ms for READY: the connected socket, or -1 (no agent there, a path too long for a
  * socket, a refusal, no READY in time). */
@@ -253,6 +272,7 @@ static int open_call(const char *path, const struct buf *frame, long ready_ms) {
     unsigned char reply = 0;
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) || send_request(fd, frame) ||
         recv_exact(fd, &reply, 1) || reply != 'R') {
+        if (reply == 'V') report_skew(fd);
         close(fd);
         return -1;
     }
@@ -313,7 +333,8 @@ static int probe_once(const char *path, long ready_ms, char *why, size_t whylen)
     put_item(&body, PROBE_PLUGIN, strlen(PROBE_PLUGIN));
     put_item(&body, conf, strlen(conf));
     put_item(&body, verb, strlen(verb));
-    put_frame(&frame, &body, 3);
+    put_item(&body, WIRE_OFFER, strlen(WIRE_OFFER));
+    put_frame(&frame, &body, 4);
     put(&frame, "G", 1);  /* VERSION is safe to run twice: GO right behind the request */
     int fd = open_call(path, &frame, ready_ms), code = -1, rc = -1;
     if (fd < 0) {
@@ -403,10 +424,13 @@ int main(int argc, char **argv) {
     const char *name = strrchr(argv[0], '/');
     name = name ? name + 1 : argv[0];
     struct buf frame = {0}, body = {0};
-    size_t count = 2;
+    size_t count = 3;
     put_item(&body, name, strlen(name));
     put_item(&body, in.p ? in.p : (unsigned char *)"", in.len);
-    for (char **e = environ; *e; e++, count++) put_item(&body, *e, strlen(*e));
+    for (char **e = environ; *e; e++) {
+        if (strncmp(*e, "RDMA_CNI_WIRE=", 14)) put_item(&body, *e, strlen(*e)), count++;
+    }
+    put_item(&body, WIRE_OFFER, strlen(WIRE_OFFER));
     put_frame(&frame, &body, count);
 
     /* Verbs that are safe to run twice send GO right behind the request (no wait for READY). */

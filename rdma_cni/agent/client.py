@@ -8,7 +8,7 @@ gets the same answer. An entry point uses it like this, before importing anythin
     if code is not None:
         sys.exit(code)
 
-Protocol (version 1; a C client implements the same in ``client.c``). Integers are u32 big-endian;
+Protocol (wire version 2; a C client implements the same in ``client.c``). Integers are u32 big-endian;
 a *frame* is ``"RCN1" count size`` followed by ``count`` items of ``len bytes`` (``size`` bytes).
 
 1. Connect to the unix stream socket ``$RDMA_CNI_AGENT_SOCKET`` (default
@@ -16,6 +16,8 @@ a *frame* is ``"RCN1" count size`` followed by ``count`` items of ``len bytes`` 
 2. Send the request frame — items: plugin name (``rdma-macvlan``), stdin, then every environment
    variable as ``KEY=VALUE`` — in one ``sendmsg`` carrying three descriptors by SCM_RIGHTS:
    ``/proc/self/ns/net``, ``/proc/self/ns/mnt`` and ``/`` (a directory descriptor) of the client.
+   One more ``KEY=VALUE`` item, ``RDMA_CNI_WIRE=1-2``, offers the wire versions the client speaks
+   (:mod:`rdma_cni.agent.wire`); the agent takes it out of the plugin's environment.
    The agent runs the request in a forked worker that enters those namespaces, takes that root
    (``fchdir`` + ``chroot``: joining a mount namespace puts a process at the namespace's root, and
    upstream Multus thick runs its delegates chrooted into ``/hostroot`` of its container's mount
@@ -24,8 +26,10 @@ a *frame* is ``"RCN1" count size`` followed by ``count`` items of ``len bytes`` 
    the two namespace descriptors alone (a client from before the root was passed) and runs such a
    request at the mount namespace's root.
 3. The worker answers one byte: ``R`` (ready) or ``N`` (refused: busy, peer not root, namespaces not
-   enterable; also any hang-up). Before ``R`` nothing has run, so the client may fall back to
-   running in-process; it waits for ``R`` at most ``timeout`` seconds.
+   enterable; also any hang-up), or ``V`` and a frame of one item, the reason (refused: no wire
+   version in common; the client writes the reason, which names both versions, to stderr). Before
+   ``R`` nothing has run, so the client may fall back to running in-process; it waits for ``R`` at
+   most ``timeout`` seconds.
 4. The client sends one byte ``G`` (go). The worker runs the request only after reading ``G``, so a
    client that gave up before sending it can never race a worker running the same request. For
    verbs that are safe to run twice (DEL, CHECK, GC, STATUS, VERSION) the client sends ``G`` right
@@ -106,7 +110,10 @@ def _converse(
         sock.connect(path)
         agent = _peer_pid(sock)
         _send_request(sock, plugin, env, stdin, wire.GO if eager else b"")
-        if sock.recv(1) != wire.READY:
+        reply = sock.recv(1)
+        if reply == wire.SKEW:
+            _report_skew(sock)
+        if reply != wire.READY:
             return None
         if not eager:
             sock.sendall(wire.GO)
@@ -126,6 +133,16 @@ def _converse(
             return None
         return Answer(_lost_answer(stdin, command, exc), 1)
     return Answer(stdout, code, stderr)
+
+
+def _report_skew(sock: socket.socket) -> None:
+    """The agent refused this client's wire versions: say so (both versions are in the reason),
+    since the fallback that follows is slower and a rolling update left half done is the cause."""
+    try:
+        reason = b"".join(wire.recv_frame(sock)).decode("utf-8", "replace")
+    except (OSError, wire.WireError) as exc:
+        reason = f"rdma-agent refused this client's wire versions {wire.offer()} ({exc})"
+    sys.stderr.write(f"rdma-cni: {reason}; running the call in-process\n")
 
 
 def _peer_pid(sock: socket.socket) -> int:
@@ -169,7 +186,7 @@ def _alive(pid: int) -> bool:
 def _send_request(
     sock: socket.socket, plugin: str, env: Mapping[str, str], stdin: bytes, trailer: bytes = b""
 ) -> None:
-    frame = wire.encode_request(plugin, env, stdin) + trailer
+    frame = wire.encode_request(plugin, {**env, wire.OFFER_ENV: wire.offer()}, stdin) + trailer
     fds: list[int] = []
     try:
         for path, flags in (("/proc/self/ns/net", 0), ("/proc/self/ns/mnt", 0), ("/", os.O_DIRECTORY)):

@@ -2,6 +2,17 @@
 
 Kept stdlib-only and tiny because the thin CNI client imports it on every pod start. All integers
 are unsigned 32-bit big-endian. See :mod:`rdma_cni.agent.client` for the conversation.
+
+Versions (docs/compatibility-policy.md): a client offers the wire versions it speaks as one more
+request item, ``RDMA_CNI_WIRE=<lo>-<hi>``, shaped like an environment variable so that an agent
+from before the offer (version 1, which never sends it) passes it to the plugin as one and serves
+the call; an agent that knows it takes it out of the environment. No offer means version 1. The
+agent serves the highest version both speak; with none in common it answers :data:`SKEW` and a
+frame naming both ranges to a client that offered 2 or later (which prints it and runs the call
+in-process), and a plain :data:`REFUSE` to a version-1 client (which falls back silently). So
+during a rolling update an old client on disk and a new agent, or the reverse, still serve every
+call through the agent while their ranges overlap, and fall back to the in-process plugin,
+naming both versions, once they do not.
 """
 
 from __future__ import annotations
@@ -14,12 +25,49 @@ MAGIC = b"RCN1"
 READY = b"R"  # the worker has the request and the caller's namespaces; it runs it once told GO
 REFUSE = b"N"  # the agent will not run it (busy, not allowed, cannot enter the namespaces): fall back
 GO = b"G"  # the client commits: from now on the request runs in the agent, and only there
+SKEW = b"V"  # refused: no wire version in common; a frame with the reason follows (offers of 2+ only)
 MAX_FRAME = 8 * 1024 * 1024  # stdin is capped at 4 MiB by the protocol core; env adds little
 _U32 = struct.Struct("!I")
+
+VERSION = 2  # the newest wire version this code speaks (1: the conversation before the offer)
+OLDEST = 1  # the oldest it still speaks: the previous version's thin client or agent
+OFFER_ENV = "RDMA_CNI_WIRE"  # the request item that carries a client's offer, "<lo>-<hi>"
+Range = tuple[int, int]
 
 
 class WireError(Exception):
     """The peer sent something that is not a frame, or hung up in the middle of one."""
+
+
+def offer(spoken: Range = (OLDEST, VERSION)) -> str:
+    """The value of the :data:`OFFER_ENV` item of a client that speaks ``spoken``."""
+    return f"{spoken[0]}-{spoken[1]}"
+
+
+def parse_offer(text: str | None) -> Range:
+    """A client's offer; no offer is a version-1 client. WireError when it is not ``<lo>-<hi>``."""
+    if text is None:
+        return (1, 1)
+    lo, sep, hi = text.partition("-")
+    if not (sep and lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
+        raise WireError(f"{OFFER_ENV}={text[:40]!r} is not a wire version range <lo>-<hi>")
+    return (int(lo), int(hi))
+
+
+def agree(offered: Range, spoken: Range = (OLDEST, VERSION)) -> int | None:
+    """The highest version in both ranges, or None when they do not overlap."""
+    best = min(offered[1], spoken[1])
+    return best if best >= max(offered[0], spoken[0]) else None
+
+
+def skew_reason(offered: Range, spoken: Range = (OLDEST, VERSION)) -> str:
+    """Why a call was refused for its wire version, naming both sides' ranges and the way out."""
+    newer = "the rdma-agent" if spoken[0] > offered[1] else "the thin client"
+    return (
+        f"the thin client speaks wire versions {offer(offered)} and rdma-agent {offer(spoken)}: no "
+        f"version in common, so {newer} is newer than the other supports; finish the rolling update "
+        "(the DaemonSet installs the client and the agent of one version together)"
+    )
 
 
 def encode_items(items: Sequence[bytes]) -> bytes:

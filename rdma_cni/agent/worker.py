@@ -34,6 +34,29 @@ _PEERCRED = struct.Struct("3i")
 class Refused(Exception):
     """The worker will not run this call; the client falls back to running it in-process."""
 
+    reply = wire.REFUSE
+
+
+class Skewed(Refused):
+    """The client offered no wire version this agent speaks (:func:`wire.agree`)."""
+
+    def __init__(self, offered: wire.Range) -> None:
+        super().__init__(wire.skew_reason(offered))
+        # A client that offered 2 or later reads the reason; a version-1 client knows only REFUSE.
+        self.reply = wire.SKEW + wire.encode_items([str(self).encode()]) if offered[1] >= 2 else wire.REFUSE
+
+
+def take_offer(env: dict[str, str]) -> int:
+    """The wire version of this call, the client's offer taken out of the plugin's environment."""
+    try:
+        offered = wire.parse_offer(env.pop(wire.OFFER_ENV, None))
+    except wire.WireError as exc:
+        raise Refused(str(exc)) from exc
+    version = wire.agree(offered)
+    if version is None:
+        raise Skewed(offered)
+    return version
+
 
 def peer_uid(conn: socket.socket) -> int:
     raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
@@ -47,7 +70,7 @@ def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnch
         plugin, env, stdin = _accept_call(conn, registry, anchors or {})
     except Refused as why:
         log.info("refused a call: %s", why)
-        _send_quietly(conn, wire.REFUSE)
+        _send_quietly(conn, why.reply)
         metrics_events.report_refused()
         return
     except (OSError, wire.WireError) as exc:
@@ -113,6 +136,7 @@ def _accept_call(
         if uid not in (0, os.geteuid()):
             raise Refused(f"peer uid {uid} is not root")
         plugin, env, stdin = wire.decode_request(wire.recv_frame(conn, head))
+        take_offer(env)  # versions 1 and 2 differ only in the offer: the rest of the call is the same
         if len(fds) not in (2, 3):  # 2: a client from before the root was passed (a rolling update)
             raise Refused(f"expected the caller's net and mnt namespace fds and its root, got {len(fds)} fds")
         try:

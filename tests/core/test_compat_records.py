@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import compat_node
+import previous_version
 import pytest
 from netns import REPO, Node
 
@@ -162,22 +163,13 @@ def test_a_newer_schema_without_a_named_attachment_is_an_unreadable_file(tmp_pat
 @pytest.fixture(scope="module")
 def previous_code(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The ``rdma_cni`` package of the fixture's commit, unpacked (no worktree, no checkout)."""
-    out = str(tmp_path_factory.mktemp("previous"))
-    archive = subprocess.run(["git", "-C", REPO, "archive", fixture_commit(), "rdma_cni"],
-                             capture_output=True, check=False, timeout=60)
-    if archive.returncode != 0:
-        pytest.skip(f"no git history here: {archive.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", out], input=archive.stdout, check=True, timeout=60)
-    probe = subprocess.run([sys.executable, "-c", "import rdma_cni.state as s; print(s.__file__, "
-                            "hasattr(s, 'READS_SCHEMAS'))"], capture_output=True, text=True, cwd="/",
-                           env=dict(os.environ, **previous_env(out)), check=True, timeout=60)
-    assert probe.stdout.split() == [os.path.join(out, "rdma_cni", "state.py"), "False"], probe.stdout
-    return out
-
-
-def previous_env(code: str) -> dict[str, str]:
-    # PYTHONSAFEPATH: `python -m` must not put the working directory (this checkout) first.
-    return {"PYTHONPATH": code, "PYTHONSAFEPATH": "1"}
+    assert fixture_commit() == previous_version.PREVIOUS
+    code = previous_version.unpack(str(tmp_path_factory.mktemp("previous")))
+    reader = "import rdma_cni.state as s; print(hasattr(s, 'READS_SCHEMAS'))"
+    probe = subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, cwd=REPO,
+                           check=True, timeout=60, env=dict(os.environ, **previous_version.env(code)))
+    assert probe.stdout.strip() == "False"  # the reader from before this policy
+    return code
 
 
 @pytest.fixture
@@ -224,7 +216,7 @@ def test_an_upgrade_or_a_rollback_between_add_and_del_gives_the_bonds_back(
     compat_ns: tuple[Node, dict[str, Any]], previous_code: str, add_by: str, del_by: str
 ) -> None:
     n, conf = compat_ns
-    code = {"previous": previous_env(previous_code), "this": {}}
+    code = {"previous": previous_version.env(previous_code), "this": {}}
     before = n.snapshot()
     pod = n.pod()
     res = n.plugin("ADD", conf, pod, container_id="skew", extra=code[add_by])
