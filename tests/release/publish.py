@@ -28,6 +28,7 @@ login). Last, releases.json gets the version, its commit and the pushed digests:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gzip
 import hashlib
@@ -394,8 +395,14 @@ def record(r: Release, image_ref: str, chart_ref: str) -> None:
 
 
 def release(r: Release) -> None:
+    """Build everything in a scratch dir, move the files into r.out only once all are made (a failed
+    build leaves no half release there), then push and record."""
     with tempfile.TemporaryDirectory(prefix="rdma-cni-release.") as tmp:
-        image = build(r, Path(tmp))
+        staged = dataclasses.replace(r, out=Path(tmp) / "out")
+        image = build(staged, Path(tmp))
+        r.out.mkdir(parents=True, exist_ok=True)
+        for f in sorted(staged.out.iterdir()):
+            shutil.move(f, r.out / f.name)
         image_ref = push_image(r, image)
         print(f"release {r.version}: pushed {image_ref}", file=sys.stderr)
         chart_ref = push_chart(r)

@@ -96,8 +96,14 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def release(clone: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    # started by a relative path from another dir, as a person types it
     return subprocess.run(
-        [str(clone / "scripts" / "release"), *args], capture_output=True, text=True, env=env, timeout=1200
+        [f"{clone.name}/scripts/release", *args],
+        cwd=clone.parent,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
     )
 
 
