@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import release_support as support
 import yaml
 from cluster import chart as cluster_chart
 from cluster import images as im
@@ -29,8 +30,9 @@ from cluster import registry as reg
 
 pytestmark = [pytest.mark.helm]
 
-REPO = Path(__file__).resolve().parents[2]
-VERSION = "0.1.0"
+REPO = support.REPO
+VERSION = support.VERSION
+release = support.release
 
 
 def _missing() -> str:
@@ -82,29 +84,10 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A clean clone of HEAD (origin: this repository) using this checkout's venv."""
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    path = tmp_path_factory.mktemp("release") / "rdma-cni"
-    subprocess.run(["git", "clone", "-q", str(REPO), str(path)], check=True)
-    (path / ".venv").symlink_to(REPO / ".venv")
-    with open(path / ".git" / "info" / "exclude", "a") as f:
-        f.write(".venv\n")
-    return path
-
-
-def release(clone: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
-    # started by a relative path from another dir, as a person types it
-    return subprocess.run(
-        [f"{clone.name}/scripts/release", *args],
-        cwd=clone.parent,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1200,
-    )
+    return support.clone(tmp_path_factory.mktemp("release"))
 
 
 def helm(tmp: Path, *args: str) -> str:

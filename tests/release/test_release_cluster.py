@@ -1,0 +1,69 @@
+"""A release installed as its users install it: scripts/release (from a clean clone of HEAD) pushes
+0.1.0 into the test cluster's own registry (203.0.113.1:5000, on the fabric), then the cluster runs
+``helm install rdma-cni oci://.../charts/rdma-cni --version 0.1.0`` with the chart's defaults and
+containerd pulls the release's image from the registry: the harness only ever pushes
+docker.io/library/rdma-cni there, so a pod running the release's digest was pulled, not imported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import release_support as support
+from cluster import build, chart, cluster
+from cluster import topology as topo
+from cluster import workloads as w
+from cluster.build import Binaries
+from cluster.cluster import RDMA
+
+pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.helm]
+
+NODES = 1
+DS = "k8s-app=rdma-cni"
+REGISTRY = f"{topo.REGISTRY}/release"
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[Binaries]:
+    """A one-node cluster, its node labelled; removed afterwards."""
+    with cluster.exclusive():
+        cluster.up(NODES)
+        try:
+            bins = build.binaries()
+            w.label_nodes(bins, NODES)
+            yield bins
+        finally:
+            cluster.down()
+
+
+def test_helm_installs_the_release_from_the_registry_and_the_nodes_pull_its_image(
+    kube: Binaries, tmp_path: Path
+) -> None:
+    clone = support.clone(tmp_path)
+    out = tmp_path / "out"
+    proc = support.release(
+        clone, support.VERSION, "--registry", REGISTRY, "--insecure", "--out", str(out), netns=topo.FABRIC
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    (entry,) = json.loads((clone / "releases.json").read_text())
+    digest = entry["image"].rsplit("@", 1)[1]
+
+    oci = f"oci://{REGISTRY}/charts/rdma-cni"
+    chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--ignore-not-found", check=False)
+    chart.on_cluster(
+        "install", chart.RELEASE, oci, "--version", support.VERSION, "--plain-http", "-n", chart.NAMESPACE
+    )
+    pods = w.wait_ready(kube, DS, NODES, "kube-system", timeout=300)
+
+    ref = f"{REGISTRY}/rdma-cni:{support.VERSION}"
+    for p in pods:
+        spec = p["spec"]
+        assert {c["image"] for c in [*spec.get("initContainers", []), *spec["containers"]]} == {ref}
+        statuses = [*p["status"].get("initContainerStatuses", []), *p["status"]["containerStatuses"]]
+        assert {s["imageID"] for s in statuses} == {f"{REGISTRY}/rdma-cni@{digest}"}
+    node = topo.node_name(1)
+    w.wait(f"{node} offers 8 {RDMA}", lambda: w.node_capacity(kube, node) == (8, 8), 90)
+    chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--wait", check=False, timeout=300)
