@@ -5,6 +5,7 @@ image.repository rewrite, and the dpkg status the image SBOM reads."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import publish
@@ -105,3 +106,30 @@ def test_dpkg_status_gives_only_installed_packages_with_debian_purls() -> None:
     (bash,) = sbom.dpkg_installed(status)
     assert bash["name"] == "bash" and bash["version"] == "5.2.15-2+b7"
     assert bash["purl"] == "pkg:deb/debian/bash@5.2.15-2+b7?arch=amd64&distro=debian-12"
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_a_working_tree_with_changes_is_refused_naming_the_first(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a").write_text("1\n")
+    _git(tmp_path, "add", "a")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "a")
+    publish.check_clean(tmp_path)
+    (tmp_path / "a").write_text("2\n")
+    with pytest.raises(publish.ReleaseError, match="the working tree has changes"):
+        publish.check_clean(tmp_path)
+    _git(tmp_path, "checkout", "-q", "a")
+    (tmp_path / "new").write_text("untracked\n")
+    with pytest.raises(publish.ReleaseError, match=r"'\?\? new' and 0 more"):
+        publish.check_clean(tmp_path)
+
+
+def test_an_out_dir_that_holds_files_is_refused(tmp_path: Path) -> None:
+    publish.check_out_dir(tmp_path / "new")
+    publish.check_out_dir(tmp_path)
+    (tmp_path / "old.tgz").write_text("x")
+    with pytest.raises(publish.ReleaseError, match="is not empty"):
+        publish.check_out_dir(tmp_path)
