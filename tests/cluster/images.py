@@ -565,7 +565,7 @@ def release_image(
     with _locked(cache_root / "images" / ".lock"):
         base = build_base(b, cache_root)
         (cached,) = build_product(b, repo, cache_root, base, (tag,))
-        b.load(cached.archive, ref)
+        loaded = b.load(cached.archive, ref)
         try:
             with b.container(ref, ref) as ctr:
                 args = [a for k, v in sorted(labels.items()) for a in ("--label", f"{k}={v}")]
@@ -575,6 +575,7 @@ def release_image(
             b.save(ref, dest / "image.tar")
         finally:
             b.rmi(ref)
+            b.rmi(loaded)  # the cached image the labelled one was made from, untagged by its commit
     _oci_layout(dest / "image.tar", dest / "oci")
     return Image(ref, dest / "image.tar", dest / "oci")
 
