@@ -26,6 +26,7 @@ def env(code: str) -> dict[str, str]:
 def unpack(out: str, commit: str = PREVIOUS) -> str:
     """``commit``'s ``rdma_cni`` under ``out``; skips the test where there is no git history. Checks
     that a process given :func:`env` really imports it."""
+    os.makedirs(out, exist_ok=True)
     archive = subprocess.run(["git", "-C", REPO, "archive", commit, "rdma_cni"], capture_output=True,
                              check=False, timeout=60)
     if archive.returncode != 0:

@@ -220,6 +220,7 @@ class Driver:
 
     # ------------------------------------------------------------------ unprepare
     def _unprepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        self.records.refuse_newer(ref.uid)  # a newer version's record: its spec stays, with it
         removed = cdi.remove_spec(self.cdi_dir, names.CDI_KIND, ref.uid)
         known = self.records.remove(ref.uid)
         if removed or known:
