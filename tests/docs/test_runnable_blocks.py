@@ -193,9 +193,9 @@ def sim_node(bundle: Path) -> Iterator[SimNode]:
         node.sysfs, node.dev_root = str(root / "sys"), str(root / "dev")
         node.build_node()
         with node.rdma():
-            proc = install_support.run([str(REPO / "scripts/install.sh"), "--bundle", str(bundle), "--host-root",
-                                        str(root), "--mode", "vpc-cni", "--rdma-mode", "exclusive",
-                                        "--kubeconfig-from-serviceaccount"], env=_service_account(node.tmp))
+            install = [str(REPO / "scripts/install.sh"), "--bundle", str(bundle), "--host-root", str(root),
+                       "--mode", "vpc-cni", "--rdma-mode", "exclusive", "--kubeconfig-from-serviceaccount"]
+            proc = install_support.run(install, env=_service_account(node.tmp))
             assert proc.returncode == 0, proc.stderr
             (root / "etc/cni/net.d/rdma-multus.d/tke-route-eni.conflist").write_text(CLUSTER_NETWORK)
             _used_node_files(root)
@@ -236,11 +236,12 @@ def test_repo_block_runs_in_the_checkout(block: Block) -> None:
 def test_a_failing_block_fails_its_test(tmp_path: Path) -> None:
     """The checks above can fail: a block that exits non-zero, and output the docs show that the
     command does not print, are both caught."""
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", "false; echo never"], capture_output=True, text=True)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", "false; echo never"], capture_output=True,
+                          text=True)
     assert proc.returncode != 0
     with pytest.raises(AssertionError):
         assert_shows("OK   gid-index-unified", "FAIL gid-index-unified", "example")
-    assert_shows("OK gid-index-unified … index 3", "OK   gid-index-unified   every device at index 3", "example")
+    assert_shows("OK gid-index-unified … index 3", "OK   gid-index-unified   all at index 3", "example")
 
 
 def test_the_uninstall_blocks_kubectl_form_runs_the_same_commands() -> None:
