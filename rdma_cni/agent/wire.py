@@ -62,11 +62,11 @@ def agree(offered: Range, spoken: Range = (OLDEST, VERSION)) -> int | None:
 
 def skew_reason(offered: Range, spoken: Range = (OLDEST, VERSION)) -> str:
     """Why a call was refused for its wire version, naming both sides' ranges and the way out."""
-    newer = "the rdma-agent" if spoken[0] > offered[1] else "the thin client"
+    newer = "rdma-agent" if spoken[0] > offered[1] else "the thin client"
     return (
         f"the thin client speaks wire versions {offer(offered)} and rdma-agent {offer(spoken)}: no "
-        f"version in common, so {newer} is newer than the other supports; finish the rolling update "
-        "(the DaemonSet installs the client and the agent of one version together)"
+        f"version in common ({newer} is the newer one); finish the rolling update, which installs the "
+        "client and the agent of one release together"
     )
 
 

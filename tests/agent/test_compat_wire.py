@@ -219,7 +219,7 @@ def test_a_client_with_no_version_in_common_is_refused_naming_both(
     assert reply == wire.SKEW
     reason = b"".join(frame).decode()
     assert "the thin client speaks wire versions 3-4 and rdma-agent 1-2" in reason
-    assert "the thin client is newer" in reason
+    assert "no version in common (the thin client is the newer one)" in reason
     assert "refused a call: the thin client speaks wire versions 3-4" in agent.log.read_text()
     reply, frame = raw_call(agent.sock, {**cni_env("ADD"), wire.OFFER_ENV: "two"}, probe_conf())
     assert (reply, frame) == (wire.REFUSE, [])  # not an offer of ours: a plain refusal
@@ -276,8 +276,8 @@ def test_this_client_falls_back_naming_both_versions_when_the_agent_is_newer(
     proc = subprocess.run([sys.executable, "-c", script], input=probe_conf(), capture_output=True,
                           timeout=60, env=dict(env, PYTHONPATH=previous_version.REPO))
     assert proc.stdout == b"in-process", proc.stderr
-    expected = "the thin client speaks wire versions 1-2 and rdma-agent 3-4: no version in common, so the " \
-               "rdma-agent is newer"
+    expected = "the thin client speaks wire versions 1-2 and rdma-agent 3-4: no version in common " \
+               "(rdma-agent is the newer one)"
     assert expected in proc.stderr.decode()
     assert "running the call in-process" in proc.stderr.decode()
     c = run_c(clients["this"], env, probe_conf())
