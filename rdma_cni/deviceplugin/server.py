@@ -46,7 +46,9 @@ OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocat
 # briefly two. The cap keeps workers free for Allocate and for kubelet's call back during Register.
 MAX_STREAMS = 8
 WORKERS = 16
-_POLL_S = 0.5  # how often a waiting stream re-checks that its client is still there
+# How often a waiting stream re-checks that its client is still there: a safety net only, as a
+# cancelled stream's callback wakes it at once (context.add_callback in ListAndWatch).
+_POLL_S = 10.0
 
 
 class Board:

@@ -184,12 +184,12 @@ def _gid_tail(ip: str) -> str:
 
 
 def _doctor_not_ok(kube: Binaries) -> dict[str, list[str]]:
-    """Per DaemonSet pod, what its own readiness doctor (the probe's command, run in the refresh
-    container as README "Troubleshooting" says) finds other than OK or SKIP."""
+    """Per DaemonSet pod, what the doctor run in its refresh container (as the chart's troubleshooting
+    note says) finds other than OK or SKIP."""
     out = {}
     for p in w.pods(kube, DS, "kube-system"):
-        refresh = next(c for c in p["spec"]["containers"] if c["name"] == "refresh")
-        argv = [a for a in refresh["readinessProbe"]["exec"]["command"] if a not in ("--wait", "20")]
+        argv = ["/opt/rdma-cni/bundle/cni-tool", "doctor", "--cni-bin-dir", "/host/opt/cni/bin", "--conf-dir",
+                "/host/etc/cni/net.d", "--kubelet-root-dir", "/host/var/lib/kubelet"]  # fmt: skip
         where = ("-n", "kube-system", p["metadata"]["name"], "-c", "refresh")
         said = kubectl(kube, "exec", *where, "--", *argv, "--json", check=False).stdout
         found = json.loads(said)["findings"]

@@ -116,7 +116,7 @@ def _daemonset() -> dict[str, Any]:
     return next(d for d in documents(K8S / "rdma-cni.yaml") if d["kind"] == "DaemonSet")
 
 
-def test_daemonset_carries_the_seed_component_parameters() -> None:
+def test_daemonset_carries_the_tke_guides_component_parameters() -> None:
     ds = _daemonset()
     pod = ds["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {RDMA_LABEL: "true"}
@@ -126,11 +126,7 @@ def test_daemonset_carries_the_seed_component_parameters() -> None:
             # The seed's, but for the CPU limit: 50m throttles every warm CNI call (measured ADD p50
             # 1020 ms at 50m vs 59 ms at 1 CPU; cold in-process 390 ms), see the manifest.
             assert c["resources"] == {**seed, "limits": {**seed["limits"], "cpu": "1"}}
-        elif c["name"] == "refresh":
-            # The seed's, but for the CPU limit: its readiness probe (the doctor, ~1 s of CPU) took
-            # 28 s at 50m and held every new pod ~100 s unready (see the manifest).
-            assert c["resources"] == {**seed, "limits": {**seed["limits"], "cpu": "500m"}}
-        else:
+        else:  # refresh too, since its readiness is the installer's check, not the doctor
             assert c["resources"] == seed, c["name"]
     # The containers that run install.sh carry the installer's parameters.
     for c in [_container(ds, "refresh"), *pod["initContainers"]]:
@@ -252,18 +248,44 @@ def test_agent_runs_the_nodes_installed_bundle_with_real_flags() -> None:
     assert probe_args.probe_wait > 0 and agent["readinessProbe"]["initialDelaySeconds"] == 0
 
 
-def test_refresh_readiness_is_the_doctor_waiting_for_a_starting_node_inside_its_timeout() -> None:
-    """The doctor as the pod starts (no initial delay), looking again while the device plugin beside
-    it starts; its options are the real command's (click refuses one it does not have)."""
-    from rdma_cni.cli.tool_doctor import doctor
+def _readiness(ds: dict[str, Any], host: Path, status: str | None) -> subprocess.CompletedProcess[str]:
+    """The refresh container's readiness command run with the source tree's scripts/install.sh on a
+    temp host root (its /host), the device plugin's status file (a node path) written as ``status``."""
+    argv = _container(ds, "refresh")["readinessProbe"]["exec"]["command"]
+    assert argv[:2] == ["/opt/rdma-cni/install.sh", "--check"]
+    args = [str(host) if a == "/host" else a for a in argv[1:]]
+    args[args.index("--wait") + 1] = "0"
+    dp_status = args[args.index("--device-plugin-status") + 1]
+    if status is not None:
+        (host / dp_status.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (host / dp_status.lstrip("/")).write_text(status)
+    return subprocess.run(["sh", str(REPO / "scripts/install.sh"), *args], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
 
-    refresh = _container(_daemonset(), "refresh")
-    probe = refresh["readinessProbe"]
+
+def test_refresh_readiness_is_the_installers_check_waiting_for_a_starting_node_inside_its_timeout(
+    tmp_path: Path,
+) -> None:
+    """Ready once the install container's work is in place and the device plugin is registered; not
+    ready, naming what is missing, when a config goes or the plugin is not registered. As the pod
+    starts (no initial delay), looking again while the device plugin beside it starts."""
+    ds = _daemonset()
+    probe = _container(ds, "refresh")["readinessProbe"]
     argv = probe["exec"]["command"]
-    assert argv[:2] == ["/opt/rdma-cni/bundle/cni-tool", "doctor"]
-    ctx = doctor.make_context("doctor", list(argv[2:]))
-    assert ctx.params["wait"] > 0 and probe["initialDelaySeconds"] == 0
-    assert probe["timeoutSeconds"] > ctx.params["wait"] + 10, "a last doctor run fits after the wait"
+    assert probe["initialDelaySeconds"] == 0 and int(argv[argv.index("--wait") + 1]) > 0
+    wait = int(argv[argv.index("--wait") + 1])
+    assert probe["timeoutSeconds"] > wait + 10, "a last check fits after the wait"
+    host = _install_node(ds, tmp_path, "exclusive")
+    # what --kubeconfig-from-serviceaccount writes in the DaemonSet (tests/ship/test_install.py runs it)
+    kubeconfig = host / "etc/cni/net.d/rdma-multus.d/rdma-multus.kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\n")
+    registered = '{"pools":[{"registered":true}],"registered":true}'
+    assert _readiness(ds, host, registered).returncode == 0
+    not_yet = _readiness(ds, host, '{"pools":[{"registered":false}],"registered":false}')
+    assert not_yet.returncode == 1 and "not registered with kubelet" in not_yet.stderr
+    (host / "etc/cni/net.d/00-rdma-multus.conflist").unlink()  # someone's cleanup, or a half-done uninstall
+    gone = _readiness(ds, host, registered)
+    assert gone.returncode == 1 and "00-rdma-multus.conflist is missing" in gone.stderr, gone.stderr
 
 
 def test_agent_serves_metrics_on_the_named_port_the_annotations_point_at() -> None:
@@ -339,7 +361,8 @@ def test_schema_check_catches_a_bad_agent_container() -> None:
 
 
 def test_refresh_doctor_sees_every_node_path_it_reads_at_that_path() -> None:
-    """The readiness doctor reads the caches and records the installed configs name by node path:
+    """The doctor (run in the refresh container, as the chart's troubleshooting note says) reads the
+    caches and records the installed configs name by node path:
     without them it warned on a healthy node ("held by container X whose pod is not recorded" for
     every held bond, "GID record ... has no attachment" for every shared pod)."""
     from rdma_cni.doctor.node import NodePaths
