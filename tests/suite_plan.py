@@ -55,6 +55,7 @@ GROUPS: Mapping[str, str] = {
     "cluster/test_cluster_dra.py": "cluster",
     "cluster/test_cluster_sweep.py": "cluster",
     "cluster/test_cluster_multus.py": "cluster",
+    "release/test_release_cluster.py": "cluster",
 }
 
 FIRST: tuple[str, ...] = (
