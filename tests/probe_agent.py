@@ -28,6 +28,7 @@ from rdma_cni.cni import dispatch
 from tests.agent.test_agent_probe import SPEC as PROBE
 
 TESTS = Path(__file__).resolve().parent
+PROBE_DIR = TESTS / "agent"  # where test_agent_probe lives: the agent imports it by that name
 PREFIX = f"h7-{os.getpid()}-"
 
 
@@ -53,7 +54,7 @@ def start_agent(
         opts += ["--prefork", "2"]  # the pool tests (test_agent_pool.py) count on two idle workers
     if plugins:
         opts += ["--plugin", "probe=test_agent_probe:SPEC"]
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}:{os.environ.get('PYTHONPATH', '')}", **(agent_env or {}))
+    env = dict(os.environ, PYTHONPATH=f"{PROBE_DIR}:{TESTS}:{os.environ.get('PYTHONPATH', '')}", **(agent_env or {}))
     proc = launch_agent(sock, str(log), *opts, *args, netns=netns, env=env)
     return RunningAgent(proc, sock, log)
 

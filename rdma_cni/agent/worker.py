@@ -83,9 +83,11 @@ def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnch
     except OSError:
         return
     started = time.monotonic()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    usage, children, api = (resource.getrusage(resource.RUSAGE_SELF),
+                            resource.getrusage(resource.RUSAGE_CHILDREN), _api_cpu())  # fmt: skip
     code, stdout, stderr = run_as_caller(registry, plugin, env, stdin)
     used = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = _call_cpu(usage, used, children, resource.getrusage(resource.RUSAGE_CHILDREN), _api_cpu() - api)
     try:
         conn.settimeout(HANDSHAKE_TIMEOUT)
         conn.sendall(wire.encode_answer(code, stdout, stderr))
@@ -96,15 +98,41 @@ def handle(conn: socket.socket, registry: Registry, anchors: namespaces.CodeAnch
     # After the answer went out: counting is never on the call's path (and a call whose client
     # left ran all the same, so it counts too).
     metrics_events.report_call(plugin, env.get("CNI_COMMAND", ""), metrics_events.cni_code(code, stdout),
-                               elapsed / 1000)
+                               elapsed / 1000, cpu)
     call = f"{plugin} {env.get('CNI_COMMAND')} {env.get('CNI_CONTAINERID', '')}/{env.get('CNI_IFNAME', '')}"
     if sent is not None:
         log.info("%s finished after its client left: %s", call, sent)
         return
-    cpu = (used.ru_utime - usage.ru_utime + used.ru_stime - usage.ru_stime) * 1000
     # CPU and page faults tell a worker's own cost from the node's load (copy-on-write: prefault).
-    log.info("served %s: exit %d in %.1f ms (cpu %.1f ms, %d page faults)%s", call, code, elapsed, cpu,
-             used.ru_minflt - usage.ru_minflt, _imported_note())
+    log.info("served %s: exit %d in %.1f ms (cpu %.1f ms: plugin %.1f, delegates %.1f, API %.1f; %d page "
+             "faults)%s", call, code, elapsed, (cpu.plugin + cpu.delegates + cpu.kube_api) * 1000,
+             cpu.plugin * 1000, cpu.delegates * 1000, cpu.kube_api * 1000, used.ru_minflt - usage.ru_minflt,
+             _imported_note())  # fmt: skip
+
+
+def _api_cpu() -> float:
+    """The worker's CPU in Kubernetes API requests so far; 0 while no plugin loaded the client (the
+    worker does not import it for them)."""
+    client = sys.modules.get("rdma_cni.kube.client")
+    return float(client.api_cpu_seconds()) if client is not None else 0.0
+
+
+def _call_cpu(
+    before: resource.struct_rusage,
+    after: resource.struct_rusage,
+    children_before: resource.struct_rusage,
+    children_after: resource.struct_rusage,
+    api: float,
+) -> metrics_events.CallCpu:
+    """One call's CPU by part: the worker's own minus its API requests, and the children it reaped
+    (the delegates a call exec'd: a child is counted once it has been waited for, which the CNI
+    invocation does before it returns)."""
+
+    def spent(a: resource.struct_rusage, b: resource.struct_rusage) -> float:
+        return float(b.ru_utime - a.ru_utime + b.ru_stime - a.ru_stime)
+
+    own = spent(before, after)
+    return metrics_events.CallCpu(max(0.0, own - api), spent(children_before, children_after), api)
 
 
 _warm_modules: frozenset[str] = frozenset()  # what the agent had imported when it forked workers

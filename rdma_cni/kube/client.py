@@ -40,6 +40,15 @@ log = logging.getLogger("rdma_cni.kube")
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
+_api_cpu_s = 0.0  # this process's CPU in API requests (TLS, HTTP); single-threaded callers only
+
+
+def api_cpu_seconds() -> float:
+    """The CPU the calling thread has spent in Kubernetes API requests so far (the TLS handshake and
+    the HTTP exchange, retries included): rdma-agent's workers read it around each CNI call, so the
+    metrics can tell what a pod start costs in API requests from what it costs in our own code."""
+    return _api_cpu_s
+
 
 class WatchRefused(CniError):
     """The API server answered a watch with ``status`` instead of a stream (410: the resourceVersion
@@ -225,7 +234,7 @@ class PodClient:
             if remaining <= 0:
                 break
             try:
-                status, answer = self._request(method, path, remaining, body, content_type)
+                status, answer = self._timed_request(method, path, remaining, body, content_type)
             except (OSError, http.client.HTTPException) as exc:
                 if isinstance(exc, ssl.SSLCertVerificationError):
                     raise CniError(
@@ -253,6 +262,16 @@ class PodClient:
             f"attempt{'s' if self.attempts != 1 else ''} "
             f"within {self.timeout:g}s: {last or 'timed out'}",
         )
+
+    def _timed_request(
+        self, method: str, path: str, timeout: float, body: bytes | None, content_type: str
+    ) -> tuple[int, bytes]:
+        global _api_cpu_s
+        cpu0 = time.thread_time()
+        try:
+            return self._request(method, path, timeout, body, content_type)
+        finally:
+            _api_cpu_s += time.thread_time() - cpu0
 
     def _watch(self, path: str, idle_timeout: float) -> EventStream:
         """Open the watch ``path`` (its query has ``watch=1``): connected within the client's

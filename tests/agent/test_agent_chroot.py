@@ -37,7 +37,7 @@ from rdma_cni.sim.sync import wait_watched
 pytestmark = pytest.mark.netns
 
 REPO = Path(__file__).resolve().parents[2]
-TESTS = REPO / "tests"
+TESTS = Path(__file__).resolve().parent  # test_agent_probe, the plugin the agent serves
 
 # The caller's side, as Multus thick sets it up: a private mount namespace (``unshare -m``, private
 # propagation: nothing reaches the machine's mounts, and all of it goes when the caller exits), "/"

@@ -23,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import statistics
 import sys
 import time
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster import apiread, build, chart, cluster
+from cluster import apiread, build, chart, cluster, invariants
 from cluster import workloads as w
 from cluster.bench import one
 from cluster.build import Binaries
@@ -146,6 +147,31 @@ def print_threads(
         )
 
 
+def call_cpu(nd: Node) -> dict[tuple[str, str, str], float]:
+    """(plugin, verb, part) -> CPU seconds the agent's workers counted so far
+    (``rdma_cni_cni_call_cpu_seconds_total``: our code, the delegates it ran, the API requests)."""
+    out = {}
+    for key, value in invariants.metrics(nd).items():
+        if key.startswith("rdma_cni_cni_call_cpu_seconds_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', key))
+            out[(labels["plugin"], labels["verb"], labels["part"])] = value
+    return out
+
+
+def print_call_cpu(
+    before: dict[tuple[str, str, str], float], after: dict[tuple[str, str, str], float], n: int
+) -> None:
+    """Where the agent's CPU per lifecycle went, by CNI call and part."""
+    print(
+        "  the agent's workers per lifecycle, by call (ms; plugin = our code, delegates = programs it ran,"
+    )
+    print("  kube_api = API requests; a delegate served by the agent is counted as its own call too):")
+    for key in sorted(after):
+        spent = (after[key] - before.get(key, 0.0)) / n * 1000
+        if spent >= 0.05:
+            print(f"    {key[0]:<14} {key[1]:<4} {key[2]:<10} {spent:7.1f}")
+
+
 def lifecycles(
     bins: Binaries, nd: Node, cs: Sequence[Container], n: int
 ) -> tuple[dict[str, int], float, list[float]]:
@@ -248,9 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(a.settle)
             cs = containers(nd)
             rates = idle(cs, a.idle, a.threads)
+            calls0 = call_cpu(nd)
             spent, wall, starts = lifecycles(bins, nd, cs, a.lifecycles)
+            calls1 = call_cpu(nd)
             mem = {c.name: c.memory() for c in cs}
             figures = report(rates, a.idle, spent, wall, a.lifecycles, starts, mem, shipped_limits())
+            print_call_cpu(calls0, calls1, a.lifecycles)
         finally:
             cluster.down()
     if a.json:

@@ -66,10 +66,14 @@ def cni_code(exit_code: int, stdout: str) -> int:
     return code if isinstance(code, int) and not isinstance(code, bool) and code else exit_code
 
 
-def report_call(plugin: str, verb: str, code: int, seconds: float) -> None:
-    """A call a worker served: its plugin, verb, CNI error code (0: success) and duration from GO
-    to the answer."""
-    _send({"e": "call", "plugin": plugin, "verb": verb, "code": code, "s": round(seconds, 6)})
+def report_call(plugin: str, verb: str, code: int, seconds: float, cpu: CallCpu | None = None) -> None:
+    """A call a worker served: its plugin, verb, CNI error code (0: success), duration from GO to
+    the answer, and the CPU it cost by part."""
+    event: dict[str, Any] = {"e": "call", "plugin": plugin, "verb": verb, "code": code}
+    event["s"] = round(seconds, 6)
+    if cpu is not None:
+        event["cpu"] = [round(cpu.plugin, 6), round(cpu.delegates, 6), round(cpu.kube_api, 6)]
+    _send(event)
 
 
 def report_reconcile(repaired: int, failed: int) -> None:
@@ -83,11 +87,23 @@ def report_refused() -> None:
 
 
 @dataclass(frozen=True)
+class CallCpu:
+    """What one call cost in CPU seconds: our plugin code in the worker (its Kubernetes API requests
+    not included), the programs it ran (delegates such as the cluster network's plugin: the
+    worker's reaped children), and its Kubernetes API requests (TLS, HTTP)."""
+
+    plugin: float
+    delegates: float
+    kube_api: float
+
+
+@dataclass(frozen=True)
 class Call:
     plugin: str
     verb: str
     code: int
     seconds: float
+    cpu: CallCpu | None = None
 
     @property
     def result(self) -> str:
@@ -115,8 +131,10 @@ def decode(data: bytes) -> Event | None:
         kind = raw["e"]
         if kind == "call":
             verb = str(raw["verb"])
+            cpu = raw.get("cpu")
+            parts = CallCpu(*(max(0.0, float(x)) for x in cpu)) if cpu is not None else None
             return Call(str(raw["plugin"]), verb if verb in VERBS else "other", int(raw["code"]),
-                        float(raw["s"]))
+                        float(raw["s"]), parts)
         if kind == "reconcile":
             return Reconcile(int(raw["repaired"]), int(raw["failed"]))
         if kind == "refused":

@@ -66,6 +66,12 @@ class CallMetrics:
             "rdma_cni_cni_call_duration_seconds", "Time from the client's GO to the answer",
             ["plugin", "verb"], buckets=BUCKETS, registry=registry,
         )
+        self.cpu = Counter(
+            "rdma_cni_cni_call_cpu_seconds",
+            "CPU the agent's workers spent on CNI calls: part=plugin (our code), delegates (the programs "
+            "a call ran, e.g. the cluster network's plugin), kube_api (Kubernetes API requests)",
+            ["plugin", "verb", "part"], registry=registry,
+        )
         self.reconcile_runs = Counter(
             "rdma_cni_reconcile_runs", "Reconcile passes completed", registry=registry
         )
@@ -92,6 +98,9 @@ class CallMetrics:
             if event.code:
                 self.errors.labels(event.plugin, event.verb, str(event.code)).inc()
             self.duration.labels(event.plugin, event.verb).observe(event.seconds)
+            if event.cpu is not None:
+                for part in ("plugin", "delegates", "kube_api"):
+                    self.cpu.labels(event.plugin, event.verb, part).inc(getattr(event.cpu, part))
         elif isinstance(event, Reconcile):
             self.reconcile_runs.inc()
             self.reconcile_repairs.inc(event.repaired)
