@@ -59,7 +59,7 @@ FLAGS = {
 }
 NUMBERS = {"rescan_interval_s"}
 HELP = {
-    "kubelet_root_dir": "kubelet's --root-dir (the seed's KubeletRootDir; default /var/lib/kubelet)",
+    "kubelet_root_dir": "kubelet's --root-dir (TKE's guide's KubeletRootDir; default /var/lib/kubelet)",
     "device_plugin_dir": "kubelet's device-plugin socket dir (default <kubelet-root-dir>/device-plugins; "
     "kubelet keeps it under /var/lib/kubelet even when its --root-dir moves)",
     "pod_resources_dir": "PodResources socket dir (default <kubelet-root-dir>/pod-resources)",

@@ -1,4 +1,4 @@
-"""``cni-tool doctor``: check an RDMA node the way the seed's verification steps do, one line per
+"""``cni-tool doctor``: check an RDMA node the way TKE's guide's verification steps do, one line per
 check (OK/WARN/FAIL with the fix), exit code 1 when anything FAILs (usable as a readiness probe).
 """
 

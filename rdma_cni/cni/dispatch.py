@@ -22,7 +22,7 @@ from rdma_cni.cni.result import render
 
 log = logging.getLogger("rdma_cni")
 
-INTERNAL_ERROR = 999  # a bug: documented in the README as "report it with the log"
+INTERNAL_ERROR = 999  # a bug: docs/troubleshooting.md says "report it with the log"
 
 
 def run(env: Mapping[str, str], stdin: bytes, spec: PluginSpec) -> tuple[str, int]:

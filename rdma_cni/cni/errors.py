@@ -24,7 +24,7 @@ TRY_AGAIN_LATER = 11
 STATUS_UNAVAILABLE = 50
 STATUS_NO_IPAM = 51
 
-# Plugin-specific codes (>= 100), documented in the README's error table.
+# Plugin-specific codes (>= 100), each with its cause, check and fix in docs/troubleshooting.md.
 NETLINK_FAILURE = 100  # the kernel refused a link/address/route operation
 RDMA_MODE_MISMATCH = 101  # kernel RDMA netns mode differs from rdma.netnsMode
 GID_MISMATCH = 102  # pod GID index differs from the host's / configured one

@@ -105,7 +105,8 @@ class HcaObservation:
 def hca_causes(hca: Hca, seen: HcaObservation) -> list[str]:
     """Why a shared pool cannot count on ``hca`` now. The address is not asked for: in shared mode
     the bond keeps its own and each pod gets another (TKE's IPVLAN), and a hostNetwork pool
-    (seed 002) needs none. InfiniBand: port ACTIVE, and its IPoIB netdev up when it has one."""
+    (Mellanox's shared device plugin guide) needs none. InfiniBand: port ACTIVE, and its IPoIB
+    netdev up when it has one."""
     out: list[str] = []
     if seen.port_state == "GONE":
         out.append(f"RDMA device {hca.id} is gone from sysfs (driver unloaded?)")

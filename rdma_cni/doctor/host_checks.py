@@ -1,5 +1,5 @@
 """The node around the RDMA devices: bonds that hold their IPs (or lent them to a live pod), and the
-kubelet's Topology Manager policy (the seed recommends best-effort for GPU/RDMA NUMA affinity).
+kubelet's Topology Manager policy (TKE's guide recommends best-effort for GPU/RDMA NUMA affinity).
 """
 
 from __future__ import annotations

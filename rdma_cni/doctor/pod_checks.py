@@ -28,7 +28,7 @@ from rdma_cni.doctor.pod_view import ABSENT, PodsView
 
 PAIR_FIX = (
     "ask for each GPU and its NIC in one claim with a constraint matchAttribute: "
-    "resource.kubernetes.io/pcieRoot (conf/k8s/dra/, README 'Using DRA'), and recreate the pod"
+    "resource.kubernetes.io/pcieRoot (conf/k8s/dra/, docs/dra.md), and recreate the pod"
 )
 
 

@@ -1,4 +1,4 @@
-"""RDMA prerequisites, as the seed's "Environment Verification" checks them by hand: the kernel's RDMA
+"""RDMA prerequisites, as TKE's guide's "Environment Verification" checks them by hand: the kernel's RDMA
 netns mode, every RDMA device ACTIVE, and per device a RoCE v2 GID for the bond's IPv4 address at
 the same index everywhere (the "unified GID index" NCCL_IB_GID_INDEX relies on).
 """

@@ -7,7 +7,7 @@ pod) is beta and on by default only from Kubernetes 1.34; older kubelets answer 
 failure is retried as ``List`` (GA, every kubelet since 1.28), which is what Multus calls.
 
 Why ``grpc`` is imported inside the calls and never at module level: this runs inside a CNI ADD (a
-cold interpreter pays ~100 ms for grpc + protobuf, see the README), and rdma-agent forks its workers
+cold interpreter pays ~100 ms for grpc + protobuf, see docs/benchmarks.md), and rdma-agent forks its workers
 from a warm parent that must not have gRPC's threads and descriptors when it forks. Importing this
 module costs nothing; only a call does, and only in the process (worker) that makes it.
 

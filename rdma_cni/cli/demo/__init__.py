@@ -1,7 +1,7 @@
 """The demo (``scripts/demo``): a simulated GPU node in network namespaces, one RDMA pod through the
 real plugins, and everything removed again.
 
-Its steps follow the seed's guide, one module each, shared by the exclusive mode (rdma-macvlan:
+Its steps follow TKE's guide, one module each, shared by the exclusive mode (rdma-macvlan:
 :mod:`.exclusive`) and the shared mode (rdma-ipvlan and a shared pool: :mod:`.shared`):
 
 1. the node, its bonds and RDMA devices (:mod:`.node`), the plugins, configs and tools installed on

@@ -1,5 +1,5 @@
 """``scripts/demo`` in TKE's exclusive RDMA mode (the default): one pod gets whole bonds through
-rdma-multus and rdma-macvlan on the simulated node, step by step in the seed guide's order.
+rdma-multus and rdma-macvlan on the simulated node, step by step in TKE's guide's order.
 
 Like containerd for a pod annotated ``tke.cloud.tencent.com/networks: tke-route-eni,
 tke-rdma-macvlan``: ``cni-tool add rdma-multus`` (ADD through rdma-multus → ptp + rdma-macvlan),

@@ -116,7 +116,7 @@ class Demo(Node):
 
     @property
     def networks(self) -> str:
-        """The pod annotation's value in this cluster mode (the seed's two forms)."""
+        """The pod annotation's value in this cluster mode (TKE's guide's two forms)."""
         return f"{self.default_network},tke-rdma-macvlan"
 
     def write_device_checkpoint(self, pod_uid: str) -> list[str]:

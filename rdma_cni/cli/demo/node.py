@@ -39,7 +39,7 @@ ANNOTATION = "tke.cloud.tencent.com/networks"
 RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"
 REFERENCE_PLUGINS = ("/usr/lib/cni", "/opt/cni/bin")
 POD = {"namespace": "default", "name": "rdma-demo-0"}
-# The seed's two cluster network modes: the default network each names, and the reference plugin that
+# TKE's two cluster network modes: the default network each names, and the reference plugin that
 # plays it here (VPC-CNI routes each pod over its own link; GlobalRouter bridges pods on the node).
 MODES = {"vpc-cni": ("tke-route-eni", "ptp"), "global-router": ("tke-bridge", "bridge")}
 # The RDMA modes (TKE's rdma-agent has both): exclusive (:mod:`.exclusive`) and shared (:mod:`.shared`).

@@ -1,4 +1,4 @@
-"""Step 3 of the demo: the pod, annotated like the seed's, ADDed the way containerd does it:
+"""Step 3 of the demo: the pod, annotated as TKE's guide annotates it, ADDed the way containerd does it:
 ``cni-tool add rdma-multus`` (rdma-multus asks kubelet's PodResources API which devices the pod
 holds, then runs the cluster network and the RDMA network). One pod in exclusive mode (:func:`add`),
 two in shared mode (:func:`add_pods`).
