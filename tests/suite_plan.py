@@ -56,6 +56,7 @@ GROUPS: Mapping[str, str] = {
     "cluster/test_cluster_sweep.py": "cluster",
     "cluster/test_cluster_multus.py": "cluster",
     "release/test_release_cluster.py": "cluster",
+    "upgrade/test_upgrade_cluster.py": "cluster",
 }
 
 FIRST: tuple[str, ...] = (
