@@ -13,6 +13,7 @@ import logging
 import sys
 
 from rdma_cni.agent import client
+from rdma_cni.agent.handover import wait_for_previous
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.metrics.address import listen, url_of
 from rdma_cni.agent.plugins import KNOWN
@@ -196,6 +197,17 @@ def _note_metrics(record: dict[str, object], socket_path: str) -> None:
     durable.atomic_write_json(path, record, mode=0o644, dir_mode=0o755, sync=False)
 
 
+def _wait_for_previous(socket_path: str, log: logging.Logger) -> None:
+    """A rolling update's new agent, warm, waits for the node's running one to stop (handover.py)."""
+
+    def note() -> None:
+        log.info("another rdma-agent serves %s: waiting until it and its calls end", socket_path)
+
+    waited = wait_for_previous(socket_path, note)
+    if waited:
+        log.info("the previous rdma-agent ended %.1f s later: taking over %s", waited, socket_path)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.probe:
@@ -232,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     reconciler = Reconciler(agent.registry, args.conf, args.conf_dir, args.cni_path)
     agent.reconcile = reconciler.run
     served = agent.warm_up()
+    _wait_for_previous(args.socket, log)
     metrics = _metrics(agent, reconciler, args.metrics_address) if args.metrics_address else None
     try:
         agent.bind()

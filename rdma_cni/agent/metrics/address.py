@@ -1,8 +1,9 @@
 """Where the agent's metrics are served: ``--metrics-address HOST:PORT`` parsed and bound.
 
 Bound by the agent's parent before it publishes its socket (a bad or busy address stops the agent
-with the reason, before any pod could depend on it), then handed to the metrics process. Stdlib
-only: the parent never imports prometheus_client.
+with the reason, before any pod could depend on it), then handed to the metrics process. Bound with
+SO_REUSEPORT: the node's next agent (a rolling update's surge pod) binds the same port while this one
+runs. Stdlib only: the parent never imports prometheus_client.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ def listen(address: str) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # A rolling update starts the node's new agent while the old one still listens (a surge pod,
+        # hostNetwork): both bind the port, the kernel spreads scrapes over the two until the old one
+        # exits. Only processes of the same user that set it too may share the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(sockaddr)
         sock.listen(64)
     except OSError:
