@@ -17,9 +17,14 @@ kubelet's rules (deviceplugin-facts.md 1.4-1.5) and what this module does about 
   more (a kill -9) are removed at start.
 - While kubelet is absent or refuses, Register is retried with backoff; the log says so once per
   state change, not once per try.
-- Two instances at once (a rolling update): kubelet keeps the newer registration and drops the older
-  one's stream; the older sees another instance answering on its socket and stands by (no
-  registration ping-pong) until that one is gone, then registers again.
+- Two instances at once (a rolling update's surge pod): a kubelet that keeps one endpoint per socket
+  keeps both streams, and the older instance's exit removes only its own endpoint; the old one
+  stops without sending another list (no empty or unhealthy one). A kubelet that keeps one per
+  resource drops the older one's stream instead: the older sees another instance answering on its
+  socket and stands by (no registration ping-pong) until that one is gone, then registers again.
+- Ready (the status file's ``registered``, which the DaemonSet's readiness reads) only once kubelet
+  took the registration *and* the first device list went out on its ListAndWatch stream: before
+  that kubelet may still have no device of this instance.
 
 Usage::
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import logging
 import os
@@ -146,6 +152,9 @@ class Generation:
     inode: int | None  # None: deleted before it could be looked at (never registered)
     service: DevicePluginService
     server: grpc.Server
+    accepted: bool = False  # kubelet answered Register
+    streaming: bool = False  # a ListAndWatch stream sent its first list
+    announced: bool = False  # the status file says registered
 
     def stop(self) -> None:
         self.service.stop()
@@ -171,6 +180,7 @@ class Lifecycle:
         self._dir = cfg.device_plugin_dir
         self._kubelet = os.path.join(self._dir, KUBELET_SOCKET)
         self._kick = threading.Event()
+        self._ready_lock = threading.Lock()
         self._current: Generation | None = None
         self._state = ""
         self._watch: DirWatch | None = None
@@ -206,7 +216,8 @@ class Lifecycle:
             path = os.path.join(self._dir, endpoint)
             self._kick.clear()
             service = DevicePluginService(self._board, self._cfg, on_streams_gone=self._streams_gone,
-                                          on_allocated=self._status.count_allocations, cdi=self._cdi)
+                                          on_allocated=self._status.count_allocations, cdi=self._cdi,
+                                          on_streaming=functools.partial(self._streaming, endpoint))
             try:
                 os.makedirs(self._dir, mode=0o750, exist_ok=True)
                 server = serve(service, path)
@@ -299,10 +310,30 @@ class Lifecycle:
                        "kubelet at %s did not take the registration (%s: %s); retrying, backoff up to %ss",
                        self._kubelet, e.code(), e.details(), BACKOFF_MAX_S)
             return False
-        self._status.registered(gen.endpoint)
         self._note(f"registered-{gen.endpoint}", logging.INFO, "registered %s as %s with kubelet in %.0f ms",
                    self._resource, gen.endpoint, (time.monotonic() - started) * 1000)
+        gen.accepted = True
+        self._maybe_ready(gen)
         return True
+
+    def _streaming(self, endpoint: str) -> None:
+        """From a gRPC thread: a stream of ``endpoint`` sent kubelet its first list."""
+        with self._ready_lock:
+            gen = self._current
+            if gen is None or gen.endpoint != endpoint:
+                return
+            gen.streaming = True
+        self._maybe_ready(gen)
+
+    def _maybe_ready(self, gen: Generation) -> None:
+        """Say registered once kubelet took ``gen`` and streams its devices (in either order: kubelet
+        opens the stream on its own goroutine, maybe before Register has answered)."""
+        with self._ready_lock:
+            if not (gen.accepted and gen.streaming) or gen.announced or self._current is not gen:
+                return
+            gen.announced = True
+        self._status.registered(gen.endpoint)
+        log.info("kubelet streams %s's devices from %s: ready", self._resource, gen.endpoint)
 
     # ------------------------------------------------------------------ helpers
     def _streams_gone(self) -> None:

@@ -157,9 +157,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     """One generation of the plugin's gRPC service (a new one per socket, see registration.py).
 
     ``on_streams_gone``: called when kubelet's last stream of this generation ended from its side
-    (kubelet restarted or dropped us: re-register). ``on_allocated``: called with the number of
-    container responses of every successful Allocate (the status file counts them). ``cdi``: the
-    pool's CDI spec when Allocate answers CDI names (``--cdi``); None: DeviceSpecs, as by default.
+    (kubelet restarted or dropped us: re-register). ``on_streaming``: called once a stream's first
+    list was sent (gRPC asks for the next message only after the last one went out): kubelet has
+    the devices from this generation, so the plugin may say it is ready. ``on_allocated``: called
+    with the number of container responses of every successful Allocate (the status file counts
+    them). ``cdi``: the pool's CDI spec when Allocate answers CDI names (``--cdi``); None:
+    DeviceSpecs, as by default.
     """
 
     def __init__(
@@ -169,8 +172,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         on_streams_gone: Callable[[], None] | None = None,
         on_allocated: Callable[[int], None] | None = None,
         cdi: PoolCdi | None = None,
+        on_streaming: Callable[[], None] | None = None,
     ) -> None:
         self._board = board
+        self._on_streaming = on_streaming
         self._cfg = cfg
         self._cdi = cdi
         self._stopping = threading.Event()
@@ -198,6 +203,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             seen, snap = self._board.current()
             last = device_list(snap)
             yield last
+            if self._on_streaming is not None:
+                self._on_streaming()
             while context.is_active() and not self._stopping.is_set():
                 newer = self._board.wait_newer(seen, _POLL_S)
                 if newer is None:

@@ -16,6 +16,13 @@ a reader in another process never sees a torn file::
 The top-level fields are the first pool's (with one pool, the file reads as it always did);
 ``pools`` has every pool, each updated through its own :class:`PoolStatus`.
 
+During a rolling update two plugin processes run on the node (the DaemonSet's surge pod beside the
+old one) and share this path. The newest one owns it: a process does not write while the file is
+another living process's that started after it (``pid``, ``started``), checked and written under
+``status.json.lock``. So the old plugin's last words (``registered: false`` as it stops) never
+overwrite the new one's, which the DaemonSet's readiness reads; if the new one dies first, the old
+one's next change takes the file back.
+
 Usage::
 
     status = StatusFile(status_path(cfg.run_dir), cfg.resource_name, cfg.pool_specs())
@@ -25,11 +32,15 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rdma_cni import durable
@@ -84,8 +95,9 @@ class StatusFile:
         first = pools[0].resource_name if pools else resource_name
         self._doc: dict[str, Any] = {
             "resourceName": first, "registered": False, "registrations": 0, "endpoint": "",
-            "pid": os.getpid(), "updated": 0.0, "allocations": 0, "devices": [],
+            "pid": os.getpid(), "started": time.time(), "updated": 0.0, "allocations": 0, "devices": [],
         }
+        self._yielded = False
         if pools:
             self._doc["pools"] = [
                 {"resourceName": p.resource_name, "mode": p.mode, "count": p.count,
@@ -168,14 +180,57 @@ class StatusFile:
 
     def _write(self, doc: dict[str, Any]) -> None:
         try:
-            # Readable by the doctor and the metrics (same node); sync=False: a reader survives its loss.
-            durable.atomic_write_json(self.path, doc, mode=0o644, dir_mode=0o755, sync=False)
+            with _locked(self.path + ".lock"):
+                owner = newer_owner(self.path, doc["started"])
+                if owner:
+                    if not self._yielded:
+                        log.info("%s is the newer device plugin's (pid %d): not written", self.path, owner)
+                    self._yielded = True
+                    return
+                self._yielded = False
+                # Readable by the doctor and the metrics (same node); sync=False: a reader survives
+                # its loss.
+                durable.atomic_write_json(self.path, doc, mode=0o644, dir_mode=0o755, sync=False)
         except OSError as e:  # the doctor loses its view, kubelet loses nothing
             if not self._failed:
                 log.warning("cannot write %s (%s); the device plugin goes on without it", self.path, e)
             self._failed = True
         else:
             self._failed = False
+
+
+def newer_owner(path: str, started: float) -> int:
+    """The pid of the living plugin process that started after ``started`` and wrote ``path`` last;
+    0 when there is none (the file is ours, an older one's, a dead one's, or unreadable)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        pid, their_start = int(doc.get("pid", 0)), float(doc.get("started", 0.0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+    if pid <= 0 or pid == os.getpid() or their_start <= started:
+        return 0
+    return pid if _alive(pid) else 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """flock of ``path`` (created): one writer of the status file at a time across processes."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class PoolStatus:

@@ -228,10 +228,11 @@ def test_service_monitor_when_asked_scrapes_the_agents_metrics_port() -> None:
     )
     (svc,) = [d for d in rendered if d["kind"] == "Service"]
     (sm,) = [d for d in rendered if d["kind"] == "ServiceMonitor"]
-    assert svc["spec"]["ports"][0]["port"] == 9600 and sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert svc["spec"]["ports"][0]["port"] == svc["spec"]["ports"][0]["targetPort"] == 9600
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"  # the Service's port name
     assert sm["spec"]["selector"]["matchLabels"] == svc["metadata"]["labels"] == {"k8s-app": "rdma-cni"}
     agent = conf._container(next(d for d in rendered if d["kind"] == "DaemonSet"), "rdma-agent")
-    assert agent["ports"][0]["containerPort"] == 9600 and agent["args"][-1] == "0.0.0.0:9600"
+    assert "ports" not in agent and agent["args"][-1] == "0.0.0.0:9600"
 
 
 def test_every_value_reaches_the_daemonset() -> None:

@@ -288,7 +288,7 @@ def test_refresh_readiness_is_the_installers_check_waiting_for_a_starting_node_i
     assert gone.returncode == 1 and "00-rdma-multus.conflist is missing" in gone.stderr, gone.stderr
 
 
-def test_agent_serves_metrics_on_the_named_port_the_annotations_point_at() -> None:
+def test_agent_serves_metrics_on_the_port_the_annotations_point_at_and_declares_no_host_port() -> None:
     from rdma_cni.agent.metrics.address import listen
     from rdma_cni.cli.agent import parse_args
 
@@ -297,8 +297,11 @@ def test_agent_serves_metrics_on_the_named_port_the_annotations_point_at() -> No
     args = parse_args(agent["args"])
     host, _, port = args.metrics_address.rpartition(":")
     assert host == "0.0.0.0"  # hostNetwork: the node's addresses, where Prometheus reaches it
-    (named,) = [p for p in agent["ports"] if p["name"] == "metrics"]
-    assert named["containerPort"] == named["hostPort"] == int(port) and named["protocol"] == "TCP"
+    # hostNetwork makes every declared port a hostPort, which would keep a node's surge pod from
+    # being scheduled beside the old one: no container declares one
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert [c["name"] for c in spec["containers"] + spec["initContainers"] if c.get("ports")] == []
     notes = ds["spec"]["template"]["metadata"]["annotations"]
     assert notes["prometheus.io/scrape"] == "true"
     assert notes["prometheus.io/port"] == port and notes["prometheus.io/path"] == "/metrics"

@@ -1,0 +1,59 @@
+"""The chart's rolling update (values.yaml updateStrategy, daemonset.yaml): a node's new pod beside the
+old one with the device plugin, one node at a time with the DRA driver, never a pair the API refuses,
+and nothing that keeps the surge pod off its node (a hostPort). Rendered by real helm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from cluster import chart
+
+
+def daemonset(*sets: str) -> dict[str, Any]:
+    (ds,) = [d for d in yaml.safe_load_all(chart.template(*sets)) if d and d["kind"] == "DaemonSet"]
+    return ds
+
+
+def api_accepts(strategy: dict[str, Any]) -> bool:
+    """The DaemonSet validation's rule for RollingUpdate: exactly one of maxSurge and maxUnavailable
+    is not zero."""
+    rolling = strategy.get("rollingUpdate", {})
+    nonzero = [k for k in ("maxSurge", "maxUnavailable") if str(rolling.get(k, 0)) not in ("0", "0%")]
+    return strategy["type"] != "RollingUpdate" or len(nonzero) == 1
+
+
+def test_the_device_plugin_daemonset_surges_a_nodes_new_pod_and_waits_a_margin_after_ready() -> None:
+    ds = daemonset()
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                           "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert ds["spec"]["minReadySeconds"] > 0
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    ports = [p for c in spec["containers"] + spec["initContainers"] for p in c.get("ports", [])]
+    assert ports == []  # hostNetwork turns every declared port into a hostPort
+
+
+@pytest.mark.parametrize(
+    ("sets", "rolling"),
+    [
+        (("--set", "frontEnd=dra"), {"maxUnavailable": 1}),
+        (("--set", "updateStrategy.rollingUpdate.maxUnavailable=2"), {"maxUnavailable": 2}),
+        (("--set", "updateStrategy.rollingUpdate.maxSurge=0", "--set",
+          "updateStrategy.rollingUpdate.maxUnavailable=1"), {"maxUnavailable": 1}),
+        (("--set", "frontEnd=dra", "--set", "updateStrategy.rollingUpdate.maxUnavailable=3"),
+         {"maxUnavailable": 3}),
+    ],
+    ids=["dra", "max-unavailable-2", "older-kubelet", "dra-max-unavailable-3"],
+)
+def test_one_node_at_a_time_with_the_dra_driver_or_a_max_unavailable(sets: tuple[str, ...],
+                                                                      rolling: dict[str, Any]) -> None:
+    strategy = daemonset(*sets)["spec"]["updateStrategy"]
+    assert strategy["rollingUpdate"] == rolling
+    assert api_accepts(strategy)
+
+
+def test_every_rendered_strategy_is_one_the_api_accepts() -> None:
+    for sets in [(), ("--set", "frontEnd=dra"), ("--set", "updateStrategy.type=OnDelete")]:
+        assert api_accepts(daemonset(*sets)["spec"]["updateStrategy"]), sets
