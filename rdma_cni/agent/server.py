@@ -74,6 +74,9 @@ PREFAULT_DELAY = 0.005
 QUEUE_WAIT = 0.025
 QUEUE_POLL = 0.002  # how often a waiting call's case is looked at again
 METRICS_RESPAWN = 1.0  # seconds between two starts of the metrics process (one that keeps dying)
+# The loop's longest sleep with nothing timed to do: connections, signals (a worker's end) and events
+# wake it at once, so this is only a safety net. Every second was 0.2 millicores of an idle node.
+IDLE_WAKE_CAP = 60.0
 WARM_MODULES = (
     "rdma_cni.cni.dispatch",
     "rdma_cni.plugins.macvlan.plugin",
@@ -242,10 +245,7 @@ class Agent:
                     else:
                         sel.unregister(self._listener)
                     listening = want_listen
-                timeout = min(1.0, max(0.0, next_reconcile - time.monotonic()))
-                if self._queued_since is not None:
-                    timeout = min(timeout, QUEUE_POLL)
-                for key, _ in sel.select(timeout):
+                for key, _ in sel.select(self._next_wake(next_reconcile)):
                     if key.data == "events":
                         self.read_events()
                     elif key.data == "wakeup":
@@ -284,6 +284,20 @@ class Agent:
         if before == 0:
             for pid in sorted(self.idle & self.prefaulted - self.served):
                 self.retire(pid)
+
+    def _next_wake(self, next_reconcile: float) -> float:
+        """Seconds until the loop has timed work: the next reconcile, a surplus idle worker's
+        ``trim_after``, a dead metrics process's respawn, a queued call's next look."""
+        if self._queued_since is not None:
+            return QUEUE_POLL
+        now = time.monotonic()
+        due = min(next_reconcile, now + IDLE_WAKE_CAP)
+        if self.metrics is not None and not self._metrics_pid:
+            due = min(due, self._metrics_next)
+        surplus = len(self.idle) > self.config.prefork or len(self.warm_idle()) > self.config.warm_workers
+        if self.idle and surplus:
+            due = min(due, min(self.idle_since.get(pid, now) for pid in self.idle) + self.config.trim_after)
+        return max(0.0, due - now)
 
     def top_up(self) -> None:
         """Fork idle workers up to ``prefork`` while no call runs. While calls run, none (a call
