@@ -4,7 +4,7 @@
     rdma-device-plugin [--config FILE] [--kubelet-root-dir DIR] [--sysfs-root DIR] [--dev-root DIR]
                        [--cni-conf FILE] [--resource-name NAME] [--log-file FILE] [--log-level LEVEL]
                        [--device-plugin-dir DIR] [--pod-resources-dir DIR] [--rescan-interval S]
-                       [--run-dir DIR] [--cdi [--cdi-dir DIR]]
+                       [--run-dir DIR] [--cdi [--cdi-dir DIR]] [--pod-status FILE]
 
 Runs in the node's network namespace (hostNetwork) until SIGTERM/SIGINT, then removes its socket.
 Exit codes: 0 after a signal, 2 for a bad config (one sentence naming the key and the fix), 1 when
@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "pool in --cdi-dir) instead of device nodes; needs CDI in the runtime "
                     "(containerd >= 2.0, or 1.7 with enable_cdi)")
     ap.add_argument("--cdi-dir", default=None, help=f"where --cdi writes its specs (default {SPEC_DIR})")
+    ap.add_argument("--pod-status", default="", metavar="FILE",
+                    help="also write this process's status.json here (a directory of its pod's own: the "
+                    "node's status.json is the newest plugin's while a rolling update runs two)")
     return ap.parse_args(argv)
 
 
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        daemon.run(cfg, stop, cdi)
+        daemon.run(cfg, stop, cdi, args.pod_status)
     except ConfigError as e:  # the first scan found pools the config cannot mean (an HCA in two)
         _fail(2, str(e))
     except Exception as e:  # the first scan: a node we cannot read at all

@@ -61,7 +61,9 @@ def cdi_specs(cfg: PluginConfig, cdi: CdiConfig, scan: NodeScan) -> dict[str, Po
     return specs
 
 
-def run(cfg: PluginConfig, stop: threading.Event, cdi: CdiConfig | None = None) -> None:
+def run(cfg: PluginConfig, stop: threading.Event, cdi: CdiConfig | None = None, pod_status: str = "") -> None:
+    """``pod_status``: where this process also writes its status document (status.py: the DaemonSet's
+    readiness reads it; the node's status.json is the node's newest plugin's)."""
     specs = cfg.pool_specs()
     scan = inventory.first_scan(cfg)
     cdis = cdi_specs(cfg, cdi, scan) if cdi is not None else {}
@@ -70,6 +72,7 @@ def run(cfg: PluginConfig, stop: threading.Event, cdi: CdiConfig | None = None) 
         status_path(cfg.run_dir),
         cfg.resource_name,
         specs if cfg.pools or len(specs) > 1 or specs[0].shared else (),
+        copy=pod_status,
     )
     pools = {s.resource_name: status.pool(s.resource_name) for s in specs}
     single = "pools" not in status.snapshot()

@@ -20,8 +20,10 @@ During a rolling update two plugin processes run on the node (the DaemonSet's su
 old one) and share this path. The newest one owns it: a process does not write while the file is
 another living process's that started after it (``pid``, ``started``), checked and written under
 ``status.json.lock``. So the old plugin's last words (``registered: false`` as it stops) never
-overwrite the new one's, which the DaemonSet's readiness reads; if the new one dies first, the old
-one's next change takes the file back.
+overwrite the new one's; if the new one dies first, the old one's next change takes the file back.
+The DaemonSet's readiness must know whether *its own* plugin registered, which the node's file cannot
+say while the old plugin still runs: ``copy`` (``--pod-status``) is this process's document, written
+on every change to a directory of the pod's own.
 
 Usage::
 
@@ -89,8 +91,9 @@ class StatusFile:
     a file write, a burst of changes is one write, and readers always get a whole, recent file.
     ``close`` writes what is pending and stops the writer."""
 
-    def __init__(self, path: str, resource_name: str, pools: Sequence[PoolSpec] = ()) -> None:
+    def __init__(self, path: str, resource_name: str, pools: Sequence[PoolSpec] = (), copy: str = "") -> None:
         self.path = path
+        self.copy = copy  # this process's own copy (a pod's directory), "" for none: see the module doc
         self._cond = threading.Condition()
         first = pools[0].resource_name if pools else resource_name
         self._doc: dict[str, Any] = {
@@ -179,6 +182,14 @@ class StatusFile:
             self._write(doc)
 
     def _write(self, doc: dict[str, Any]) -> None:
+        self._write_node(doc)
+        if self.copy:
+            try:
+                durable.atomic_write_json(self.copy, doc, mode=0o644, dir_mode=0o755, sync=False)
+            except OSError as e:
+                log.warning("cannot write %s (%s)", self.copy, e)
+
+    def _write_node(self, doc: dict[str, Any]) -> None:
         try:
             with _locked(self.path + ".lock"):
                 owner = newer_owner(self.path, doc["started"])

@@ -8,6 +8,7 @@ SIGTERM and kill -9.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -68,13 +69,15 @@ def test_ready_only_once_kubelet_took_the_registration_and_streams_the_devices(
     lazy: tuple[DpNode, LazyKubelet],
 ) -> None:
     d, kubelet = lazy
-    d.start(wait=False)
+    mine = os.path.join(d.n.tmp, "pod", "status.json")
+    d.start("--pod-status", mine, wait=False)
     assert kubelet.done.wait(60), f"no registration: {d.log_tail()}"
     wait_for(lambda: len(status(d).get("devices", [])) == 2, 30, "the status file with both bonds")
     # kubelet took the registration and has no list from this plugin yet: not ready
     threading.Event().wait(1.5)
     doc = status(d)
     assert doc["registered"] is False, doc
+    assert read(mine) == doc
     endpoint = kubelet.endpoints[-1]
     with grpc.insecure_channel(f"unix:{os.path.join(kubelet.dir, endpoint)}") as channel:
         stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
@@ -82,7 +85,17 @@ def test_ready_only_once_kubelet_took_the_registration_and_streams_the_devices(
         assert len(first.devices) == 2
         wait_for(lambda: status(d).get("registered") is True, 10, "registered once the stream sent its list")
         assert status(d)["endpoint"] == endpoint
+        wait_for(lambda: read(mine).get("registered") is True, 5, "the pod's copy says so too")
         stream.cancel()
+
+
+def read(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            doc: dict[str, Any] = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return doc
 
 
 def owner(d: DpNode) -> tuple[int, bool]:
@@ -92,15 +105,19 @@ def owner(d: DpNode) -> tuple[int, bool]:
 
 def test_the_old_plugins_stop_leaves_the_new_ones_status_and_registration() -> None:
     with dp_node(bonds=2) as d:
-        old = d.start()
+        old_copy, new_copy = (os.path.join(d.n.tmp, pod, "status.json") for pod in ("old", "new"))
+        old = d.start("--pod-status", old_copy)
         first = d.endpoint()
         wait_for(lambda: owner(d) == (old.pid, True), 30, "the old plugin registered")
-        new = d.start(previous=first)
+        new = d.start("--pod-status", new_copy, previous=first)
         second = d.endpoint()
         wait_for(lambda: owner(d) == (new.pid, True), 30, "the new plugin's status")
+        wait_for(lambda: read(new_copy).get("registered") is True, 10, "the new pod's own copy")
+        assert read(new_copy)["pid"] == new.pid and read(old_copy)["pid"] == old.pid
         assert d.stop(old, signal.SIGTERM) == 0
         threading.Event().wait(1.0)
         assert owner(d) == (new.pid, True), status(d)  # the old one's "registered: false" not written
+        assert read(old_copy)["registered"] is False  # its own pod's copy says it stopped
         assert d.kubelet.endpoints[RESOURCE] is second and second.live
         latest = second.latest()
         assert latest is not None and len(latest) == 2 and all(x.health == "Healthy" for x in latest)

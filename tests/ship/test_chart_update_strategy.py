@@ -57,3 +57,22 @@ def test_one_node_at_a_time_with_the_dra_driver_or_a_max_unavailable(sets: tuple
 def test_every_rendered_strategy_is_one_the_api_accepts() -> None:
     for sets in [(), ("--set", "frontEnd=dra"), ("--set", "updateStrategy.type=OnDelete")]:
         assert api_accepts(daemonset(*sets)["spec"]["updateStrategy"]), sets
+
+
+def test_the_readiness_reads_the_status_its_own_pods_device_plugin_writes() -> None:
+    """Not the node's status.json, which during a surge may still be the old pod's plugin's."""
+    spec = daemonset()["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"]}
+    dp, refresh = containers["rdma-device-plugin"], containers["refresh"]
+    written = dp["args"][dp["args"].index("--pod-status") + 1]
+    probe = refresh["readinessProbe"]["exec"]["command"]
+    read = probe[probe.index("--host-root") + 1] + probe[probe.index("--device-plugin-status") + 1]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def volume_at(c: dict[str, Any], path: str) -> str:
+        (name,) = [m["name"] for m in c["volumeMounts"] if path.rsplit("/", 1)[0] == m["mountPath"]]
+        return name
+
+    name = volume_at(dp, written)
+    assert volume_at(refresh, read) == name and "emptyDir" in volumes[name]
+    assert read.endswith(written)

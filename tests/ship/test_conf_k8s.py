@@ -133,7 +133,7 @@ def test_daemonset_carries_the_tke_guides_component_parameters() -> None:
         env = {e["name"]: e["value"] for e in c.get("env", [])}
         assert env["KUBELET_ROOT_DIR"] == "/var/lib/kubelet"
         assert env["CLUSTER_MODE"] in MODES
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths["kubelet-root"] == "/var/lib/kubelet"
     assert host_paths["cni-bin"] == "/opt/cni/bin" and host_paths["cni-conf"] == "/etc/cni/net.d"
     install = pod["initContainers"][0]
@@ -194,11 +194,15 @@ def _container(ds: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _host_mounts(ds: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """mountPath -> {hostPath, readOnly, mountPropagation} of a container's hostPath mounts."""
+    """mountPath -> {hostPath, readOnly, mountPropagation} of a container's hostPath mounts (not the
+    pod's own emptyDir, which is no node path)."""
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     out = {}
     for m in container["volumeMounts"]:
         assert "subPath" not in m, m
+        if "hostPath" not in volumes[m["name"]]:
+            assert set(volumes[m["name"]]) == {"name", "emptyDir"}, volumes[m["name"]]
+            continue
         out[m["mountPath"]] = {
             "hostPath": volumes[m["name"]]["hostPath"]["path"],
             "readOnly": bool(m.get("readOnly", False)),
@@ -418,7 +422,7 @@ def test_device_plugin_runs_in_its_own_container_with_directory_mounts(tmp_path:
     assert cfg.pod_resources_dir == env["KUBELET_ROOT_DIR"] + "/pod-resources"
     for path in (cfg.device_plugin_dir, cfg.pod_resources_dir):
         assert mounts[path]["hostPath"] == path and not path.endswith(".sock")
-    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
     assert volumes["device-plugins"]["type"] == volumes["pod-resources"]["type"] == "DirectoryOrCreate"
     assert _under(cfg.device_plugin_dir + "/x.sock", mounts, writable=True) == cfg.device_plugin_dir
     # What it reads and writes (defaults of the shipped rdma-macvlan config: dataDir, runDir).
