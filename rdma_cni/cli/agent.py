@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from rdma_cni.agent import client
@@ -153,6 +154,20 @@ def _configure_logging(log_file: str, level: str) -> None:
 
 
 METRICS_FILE = "agent-metrics.json"  # beside the socket: where cni-tool doctor finds the endpoint
+METRICS_BIND_WAIT = 5.0  # seconds a busy metrics port is tried again (the previous agent leaving)
+
+
+def _listen_or_none(address: str) -> socket.socket | None:
+    """listen(), or None while the port is busy: the previous agent (a build that did not set
+    SO_REUSEPORT) may keep its listener for the moment between letting its lock go and exiting."""
+    import errno
+
+    try:
+        return listen(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise
 
 
 def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object]:
@@ -164,7 +179,8 @@ def _metrics(agent: Agent, reconciler: object, address: str) -> dict[str, object
 
     assert isinstance(reconciler, Reconciler)
     try:
-        listener = listen(address)
+        found = look_until(lambda: _listen_or_none(address), lambda x: x is not None, METRICS_BIND_WAIT, 0.1)
+        listener = found if found is not None else listen(address)
     except ValueError as exc:
         sys.exit(f"rdma-agent: {exc}")
     except OSError as exc:

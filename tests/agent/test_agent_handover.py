@@ -19,6 +19,7 @@ from pathlib import Path
 
 import probe_agent
 import pytest
+from netns import launch_agent
 from netns import stop_agent as stop
 from probe_agent import RunningAgent, cni_env, forward_in_thread, new_netns, probe_conf, read_json
 
@@ -147,3 +148,34 @@ def test_the_waiting_agent_ends_on_sigterm_and_leaves_the_running_one_alone(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == -signal.SIGTERM
     assert inode(agent.sock) == first_inode and answers(agent.sock)
+
+
+def test_a_metrics_port_the_previous_agent_still_holds_is_tried_again_until_free(tmp_path: Path) -> None:
+    """A previous build's agent bound the port without SO_REUSEPORT and lets it go a moment after its
+    lock: the new agent tries again (up to METRICS_BIND_WAIT) instead of exiting."""
+    made: list[str] = []
+    agent_proc = None
+    try:
+        ns = new_netns(made)
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        hold = ("import socket, sys, time\n"
+                "s = socket.socket(); s.bind(('127.0.0.1', 9513)); s.listen(1)\n"
+                "print('held', flush=True); time.sleep(2.0)\n")
+        holder = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", hold],
+                                  stdout=subprocess.PIPE)
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        sock, log = str(tmp_path / "agent.sock"), tmp_path / "agent.log"
+        agent_proc = launch_agent(sock, str(log), "--reconcile-interval", "-1", "--prefork", "1",
+                                  "--metrics-address", "127.0.0.1:9513", netns=ns)
+        assert holder.wait(10) == 0
+        assert agent_proc.poll() is None, log.read_text()
+        probe = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c",
+                                "import urllib.request; print(urllib.request.urlopen("
+                                "'http://127.0.0.1:9513/metrics', timeout=10).status)"],
+                               capture_output=True, text=True, timeout=60)
+        assert probe.stdout.strip() == "200", probe.stderr
+    finally:
+        if agent_proc is not None:
+            stop(agent_proc)
+        for name in made:
+            subprocess.run(["ip", "netns", "delete", name], check=False)
