@@ -50,7 +50,7 @@ from rdma_cni.rdma import sysfs
 from rdma_cni.state import ATTACHMENTS_DIR, NodeState
 
 if TYPE_CHECKING:
-    from rdma_cni.state import AttachmentRecord
+    from rdma_cni.attachments import AttachmentRecord
 
 __all__ = ["DeviceHealth", "RdmaBond", "Snapshot", "discover", "mad_devices", "observe", "scan"]
 

@@ -8,10 +8,10 @@ import os
 import re
 from socket import AF_INET
 
+from rdma_cni.attachments import AttachmentRecord
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
 from rdma_cni.net.addresses import cidr
-from rdma_cni.state import AttachmentRecord
 
 ALIGNING_POLICIES = ("best-effort", "restricted", "single-numa-node")
 

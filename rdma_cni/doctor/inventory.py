@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rdma_cni.attachments import AttachmentRecord, BondRecord, bond_drift
 from rdma_cni.doctor.deviceplugin import pods_without_rdma, snapshot_allocations
 from rdma_cni.doctor.node import NodeSnapshot, pod_names
 from rdma_cni.doctor.plugin_view import ABSENT, DevicePluginView
 from rdma_cni.net.addresses import cidr
 from rdma_cni.net.rtnl import attr
-from rdma_cni.state import AttachmentRecord, BondRecord, bond_drift
 
 
 def _addresses(rec: AttachmentRecord, bond: str) -> list[str]:

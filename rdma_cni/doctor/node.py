@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_cni.attachments import AttachmentRecord, SkippedRestore
 from rdma_cni.cni.cache import ResultCache
 from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.plugin_view import DEFAULT_RESOURCE, DevicePluginView, observe_device_plugin
@@ -22,7 +23,7 @@ from rdma_cni.net import addresses, links
 from rdma_cni.net.netns import netlink_in, netns_inode, open_netns
 from rdma_cni.rdma import records, sysfs
 from rdma_cni.rdma.sysfs import GidEntry, RdmaPort
-from rdma_cni.state import AttachmentRecord, NodeState, SkippedRestore
+from rdma_cni.state import NodeState
 
 DELEGATE_SUBDIR = "rdma-multus.d"
 DELEGATE_NAME = "tke-rdma-macvlan"

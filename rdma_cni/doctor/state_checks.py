@@ -5,13 +5,14 @@ theirs), and any give-back that left a re-addressed bond's old addresses out (WA
 
 from __future__ import annotations
 
+from rdma_cni.attachments import PHASE_ADDING, PHASE_IPAM_PENDING
 from rdma_cni.cni.errors import CniError
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.node import NodeSnapshot
 from rdma_cni.doctor.shared_pools import find_config
 from rdma_cni.plugins.ipvlan.config import parse_del_config
 from rdma_cni.rdma import records
-from rdma_cni.state import PHASE_ADDING, PHASE_IPAM_PENDING, NodeState
+from rdma_cni.state import NodeState
 
 
 def check_state(snap: NodeSnapshot) -> list[Finding]:

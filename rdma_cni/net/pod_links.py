@@ -15,9 +15,9 @@ import logging
 import zlib
 from collections.abc import Collection
 
+from rdma_cni.attachments import AttachmentRecord
 from rdma_cni.net import links, pod_routing
 from rdma_cni.net.netns import Netns, NetnsUnavailable, netlink_in, open_netns
-from rdma_cni.state import AttachmentRecord
 
 log = logging.getLogger("rdma_cni.pod_links")
 

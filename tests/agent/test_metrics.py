@@ -23,12 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_cni.agent.metrics import events as metrics_events
 from rdma_cni.agent.metrics.node import NodeCollector, Sources, sources_of
 from rdma_cni.agent.metrics.server import CallMetrics
+from rdma_cni.attachments import PHASE_ADDED, PHASE_ADDING, AttachmentRecord, BondRecord
 from rdma_cni.net.netns import entered, open_netns
 from rdma_cni.rdma.counters import read_counters
 from rdma_cni.rdma.sysfs import gid_for_ip
 from rdma_cni.sim import counters as simcounters
 from rdma_cni.sim import tree
-from rdma_cni.state import PHASE_ADDED, PHASE_ADDING, AttachmentRecord, BondRecord, NodeState
+from rdma_cni.state import NodeState
 
 FIXTURES = Path("/work/shared/fixtures/sysfs-rxe-6.1")
 RESOURCE = "tke.cloud.tencent.com/tke-shared-rdma"

@@ -22,9 +22,10 @@ import previous_version
 import pytest
 from netns import REPO, Node
 
+from rdma_cni.attachments import PHASE_ADDED, PHASE_ADDING, RecordTooNew
 from rdma_cni.cni.errors import STATE_CORRUPT
 from rdma_cni.cni.request import Attachment
-from rdma_cni.state import COMMIT_SUFFIX, PHASE_ADDED, PHASE_ADDING, NodeState, RecordTooNew
+from rdma_cni.state import COMMIT_SUFFIX, NodeState
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "records-schema1")
 RECORD = "compat-n1@net1.json"

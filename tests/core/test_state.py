@@ -12,20 +12,20 @@ import time
 
 import pytest
 
-from rdma_cni.cni.errors import CniError
-from rdma_cni.cni.request import Attachment
-from rdma_cni.state import (
+from rdma_cni.attachments import (
     PHASE_ADDED,
     SCHEMA_VERSION,
     AttachmentRecord,
     BondRecord,
-    NodeState,
     SkippedRestore,
     address_drift,
     bond_drift,
     quote_name,
     record_filename,
 )
+from rdma_cni.cni.errors import CniError
+from rdma_cni.cni.request import Attachment
+from rdma_cni.state import NodeState
 
 
 def rec(cid: str = "c1", ifname: str = "net1", bonds: tuple[str, ...] = ("bond0",)) -> AttachmentRecord:

@@ -409,7 +409,8 @@ def test_records_are_read_again_only_when_their_directory_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A torn record is logged once, not on every rescan; a new record is seen at the next one."""
-    from rdma_cni.state import AttachmentRecord, BondRecord, NodeState
+    from rdma_cni.attachments import AttachmentRecord, BondRecord
+    from rdma_cni.state import NodeState
 
     st = NodeState(str(tmp_path))
     st.ensure()

@@ -18,6 +18,7 @@ from typing import Any
 import netns
 import pytest
 
+from rdma_cni.attachments import PHASE_ADDED, AttachmentRecord, BondRecord
 from rdma_cni.cni.cache import CacheEntry, ResultCache
 from rdma_cni.doctor.diagnose import diagnose_until, run_checks
 from rdma_cni.doctor.findings import FAIL, OK, SKIP, WARN, Finding, exit_code
@@ -26,7 +27,7 @@ from rdma_cni.doctor.node import NodePaths, observe
 from rdma_cni.rdma.sysfs import gid_for_ip
 from rdma_cni.sim import tree
 from rdma_cni.sim.fixture import materialise
-from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState
+from rdma_cni.state import NodeState
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(os.environ.get("RDMA_CNI_FIXTURES", REPO.parent / "shared" / "fixtures")) / "sysfs-rxe-6.1"
@@ -504,9 +505,9 @@ def test_state_shows_the_pod_table_and_rules_of_a_bond_whose_routes_clashed(
 def test_a_deleted_attachment_waiting_for_its_ipam_release_is_a_warning(tmp_path: Path) -> None:
     """A DEL that gave the bond back but could not release the IPAM lease leaves an ipam-pending
     record without bonds: doctor says what it waits for, not that a bond is pinned."""
+    from rdma_cni.attachments import PHASE_IPAM_PENDING
     from rdma_cni.doctor.node import NodeSnapshot
     from rdma_cni.doctor.state_checks import check_state
-    from rdma_cni.state import PHASE_IPAM_PENDING
 
     rec = AttachmentRecord(container_id="c0ffee", ifname="net1", netns="/run/netns/h15-gone",
                            netns_inode=4026531999, phase=PHASE_IPAM_PENDING, ipam={"type": "host-local"})

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rdma_cni.attachments import PHASE_ADDED, AttachmentRecord
 from rdma_cni.doctor.findings import FAIL, OK, WARN, Finding
 from rdma_cni.doctor.install_checks import check_binaries, check_configs
 from rdma_cni.doctor.node import NodePaths, NodeSnapshot
@@ -18,7 +19,7 @@ from rdma_cni.doctor.rdma_checks import check_gids
 from rdma_cni.doctor.state_checks import check_state
 from rdma_cni.rdma import records
 from rdma_cni.rdma.sysfs import ROCE_V2, GidEntry, RdmaPort
-from rdma_cni.state import PHASE_ADDED, AttachmentRecord, NodeState
+from rdma_cni.state import NodeState
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -52,6 +52,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from rdma_cni.attachments import PHASE_ADDED, PHASE_ADDING, AttachmentRecord
 from rdma_cni.devices.inventory import numa_of
 from rdma_cni.doctor import shared_pools
 from rdma_cni.doctor.node import pod_names
@@ -60,7 +61,7 @@ from rdma_cni.net.addresses import ip_of
 from rdma_cni.net.netns import netlink_in, netns_inode
 from rdma_cni.rdma import counters, sysfs
 from rdma_cni.rdma.sysfs import RdmaPort
-from rdma_cni.state import PHASE_ADDED, PHASE_ADDING, AttachmentRecord, NodeState
+from rdma_cni.state import NodeState
 
 log = logging.getLogger("rdma-agent")
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from rdma_cni import log as logconf
 from rdma_cni import node_policy
+from rdma_cni.attachments import PHASE_ADDED, AttachmentRecord, BondRecord
 from rdma_cni.cni.errors import (
     CHECK_FAILED,
     GID_TIMEOUT,
@@ -46,7 +47,7 @@ from rdma_cni.plugins.ipvlan.allocation import bond_subnets, held_addresses, no_
 from rdma_cni.plugins.ipvlan.config import Pools, check_ranges, parse_config, parse_del_config
 from rdma_cni.plugins.ipvlan.pool import IPAddress, Subnet, choose, free_count
 from rdma_cni.rdma import gid, mode, records, sysfs
-from rdma_cni.state import PHASE_ADDED, AttachmentRecord, BondRecord, NodeState
+from rdma_cni.state import NodeState
 
 if TYPE_CHECKING:
     from rdma_cni.plugins.ipvlan.model import IpvlanConfig

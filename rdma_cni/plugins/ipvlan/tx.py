@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rdma_cni.attachments import AttachmentRecord, BondRecord
 from rdma_cni.cni.errors import ConfigKeyError
 from rdma_cni.failpoints import Failpoints
 from rdma_cni.net import addresses, links, pod_routing, routes, rtnl
@@ -31,7 +32,6 @@ from rdma_cni.net.netns import Netns
 from rdma_cni.net.nlsock import RtnlSocket
 from rdma_cni.net.pod_links import delete_pod_links, delete_pod_rules, recorded_netns
 from rdma_cni.net.rtnl import Record, attr, error_code
-from rdma_cni.state import AttachmentRecord, BondRecord
 
 log = logging.getLogger("rdma_cni.ipvlan")
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from rdma_cni import log as logconf
 from rdma_cni import node_policy
+from rdma_cni.attachments import PHASE_ADDED, PHASE_IPAM_PENDING, AttachmentRecord, BondRecord, SkippedRestore
 from rdma_cni.cni import invoke
 from rdma_cni.cni.errors import (
     CHECK_FAILED,
@@ -56,14 +57,7 @@ from rdma_cni.plugins.macvlan.select import (
 )
 from rdma_cni.rdma import sysfs
 from rdma_cni.rdma.mode import require_mode
-from rdma_cni.state import (
-    PHASE_ADDED,
-    PHASE_IPAM_PENDING,
-    AttachmentRecord,
-    BondRecord,
-    NodeState,
-    SkippedRestore,
-)
+from rdma_cni.state import NodeState
 
 if TYPE_CHECKING:
     from rdma_cni.kube.allocated import DeviceHolders

@@ -17,11 +17,11 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from rdma_cni.attachments import AttachmentRecord, BondRecord
 from rdma_cni.cni.errors import RDMA_MODE_MISMATCH, CniError
 from rdma_cni.net import addresses, links
 from rdma_cni.net.netns import Netns, open_netns
 from rdma_cni.rdma import gid, mode, nldev, records, sysfs
-from rdma_cni.state import AttachmentRecord, BondRecord
 
 if TYPE_CHECKING:
     from rdma_cni.plugins.macvlan.model import MacvlanConfig

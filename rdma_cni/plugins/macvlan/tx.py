@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_cni.attachments import AddressDrift, AttachmentRecord, BondRecord, bond_drift
 from rdma_cni.cni.errors import NETLINK_FAILURE, CniError
 from rdma_cni.failpoints import Failpoints as Failpoints  # moved there (shared): still tx.Failpoints
 from rdma_cni.net import addresses, links, pod_routing, routes, rtnl
@@ -53,7 +54,6 @@ from rdma_cni.net.pod_links import (
     pick_link_group as pick_link_group,
 )
 from rdma_cni.net.rtnl import attr
-from rdma_cni.state import AddressDrift, AttachmentRecord, BondRecord, bond_drift
 
 log = logging.getLogger("rdma_cni.macvlan")
 
@@ -239,7 +239,7 @@ def _pod_routing(ctx: AddContext, b: BondRecord, i: int, index: int) -> None:
 def restore_host(host: Any, b: BondRecord) -> tuple[list[str], AddressDrift | None]:
     """Put the bond's addresses, then routes, then rules back; returns what could not be restored,
     and the drift when the bond was re-addressed meanwhile (then nothing of the record goes back:
-    its present configuration is the truth, see :func:`rdma_cni.state.address_drift`)."""
+    its present configuration is the truth, see :func:`rdma_cni.attachments.address_drift`)."""
     if not b.moves_addresses:
         return [], None
     bond = links.get_link(host, b.bond)
