@@ -162,9 +162,7 @@ def print_call_cpu(
     before: dict[tuple[str, str, str], float], after: dict[tuple[str, str, str], float], n: int
 ) -> None:
     """Where the agent's CPU per lifecycle went, by CNI call and part."""
-    print(
-        "  the agent's workers per lifecycle, by call (ms; plugin = our code, delegates = programs it ran,"
-    )
+    print("  the agent's workers per lifecycle, by call (ms; plugin = our code, delegates = programs it ran,")
     print("  kube_api = API requests; a delegate served by the agent is counted as its own call too):")
     for key in sorted(after):
         spent = (after[key] - before.get(key, 0.0)) / n * 1000
@@ -239,6 +237,29 @@ def shipped_limits() -> dict[str, dict[str, str]]:
     return {c["name"]: c.get("resources", {}).get("limits", {}) for c in pods[0]["spec"]["containers"]}
 
 
+def manifest(sets: Sequence[str]) -> str:
+    flags = [x for kv in sets for x in ("--set", kv)]
+    return chart.template("--set", "image.tag=0.1.0", *flags, hooks=False) if flags else w.product_manifest()
+
+
+def sweep(bins: Binaries, nd: Node, sets: Sequence[str], limits: Sequence[str], n: int) -> None:
+    """TKE's pod's start and the agent's CPU per lifecycle at each rdma-agent CPU limit, one
+    rolled-out DaemonSet after the other on the same cluster."""
+    rows = []
+    for limit in limits:
+        w.apply(bins, manifest([*sets, f"resources.rdmaAgent.limits.cpu={limit}"]))
+        w.rollout(bins)
+        w.wait("capacity", lambda: w.node_capacity(bins, nd.name) == (8, 8), 120)
+        one(bins, f"footprint-warmup-{limit}", True)
+        cs = containers(nd)
+        spent, _, starts = lifecycles(bins, nd, cs, n)
+        agent = spent.get("rdma-agent", 0) / 1e6 / n
+        rows.append((limit, statistics.median(starts), p99(starts), agent))
+    print(f"\nrdma-agent's CPU limit against TKE's pod's creation -> Running ({n} pods each):")
+    for limit, p50, top, agent in rows:
+        print(f"  limit {limit:>5}: p50 {p50:.2f} s, p99 {top:.2f} s, agent CPU {agent:.0f} ms per lifecycle")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="footprint: %(message)s", stream=sys.stderr)
     p = argparse.ArgumentParser(prog="scripts/bench-footprint")
@@ -254,19 +275,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a chart value on top of the shipped ones (e.g. resources.rdmaAgent.limits.cpu=250m)",
     )
+    p.add_argument(
+        "--agent-cpu-limits",
+        default="",
+        metavar="LIST",
+        help="then the pod's start at each of these rdma-agent CPU limits (e.g. 1,500m,250m,100m,50m)",
+    )
     a = p.parse_args(argv)
     with cluster.exclusive():
         try:
             cluster.up(1)
             bins = build.binaries()
             w.label_nodes(bins, 1)
-            sets = [x for kv in a.set for x in ("--set", kv)]
-            w.apply(
-                bins,
-                chart.template("--set", "image.tag=0.1.0", *sets, hooks=False)
-                if sets
-                else w.product_manifest(),
-            )
+            w.apply(bins, manifest(a.set))
             w.wait_ready(bins, "k8s-app=rdma-cni", 1, "kube-system", timeout=300)
             nd = Node(1)
             w.wait("capacity", lambda: w.node_capacity(bins, nd.name) == (8, 8), 120)
@@ -280,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             mem = {c.name: c.memory() for c in cs}
             figures = report(rates, a.idle, spent, wall, a.lifecycles, starts, mem, shipped_limits())
             print_call_cpu(calls0, calls1, a.lifecycles)
+            if a.agent_cpu_limits:
+                sweep(bins, nd, a.set, [x for x in a.agent_cpu_limits.split(",") if x], a.lifecycles)
         finally:
             cluster.down()
     if a.json:
