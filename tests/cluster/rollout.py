@@ -12,8 +12,8 @@ rollout from its restart to its status done, a crash for :data:`CRASH_WINDOW` se
 - CNI calls that failed (kubelet's ``FailedCreatePodSandBox`` / ``FailedKillPodSandbox`` warnings);
 - creation -> Running p50/p99 of the pods created in the window;
 - the lowest allocatable of the resource any node reported meanwhile (sampled every 0.5 s: 0 means
-  kubelet had the node's devices unhealthy), and the most product pods one node ran at once (2: the
-  surge pod beside the old one).
+  kubelet had the node's devices unhealthy), and the most Ready product pods one node had at once
+  (2: the surge pod beside the old one).
 
     with cluster.exclusive():
         cluster.up(2)
@@ -65,7 +65,7 @@ class Window:
         return (f"{self.kind} ({self.end - self.start:.1f} s): rejected at admission {self.rejected}, "
                 f"CNI calls failed {self.cni_failed}, creation -> Running of the {len(self.starts)} pods "
                 f"created in it: {chaos._quantiles(sorted(self.starts))}; lowest allocatable "
-                f"{self.min_allocatable}, product pods on one node at once {self.max_per_node}")
+                f"{self.min_allocatable}, Ready product pods on one node at once {self.max_per_node}")
 
     def as_json(self) -> dict[str, Any]:
         s = sorted(self.starts)
@@ -86,8 +86,8 @@ class Window:
             return
         per_node: dict[str, int] = {}
         for pod in pods:
-            if pod["metadata"].get("deletionTimestamp"):
-                continue  # an old pod on its way out: only two live pods on a node are a surge
+            if pod["metadata"].get("deletionTimestamp") or not w.ready(pod):
+                continue  # two Ready pods on one node, none on its way out: the surge
             node = pod.get("spec", {}).get("nodeName", "")
             per_node[node] = per_node.get(node, 0) + 1
         self.max_per_node = max([self.max_per_node, *per_node.values()])
