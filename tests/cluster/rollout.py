@@ -10,7 +10,8 @@ rollout from its restart to its status done, a crash for :data:`CRASH_WINDOW` se
 - pods kubelet rejected at admission (``UnexpectedAdmissionError``: the device manager had no
   healthy device when the pod came);
 - CNI calls that failed (kubelet's ``FailedCreatePodSandBox`` / ``FailedKillPodSandbox`` warnings);
-- creation -> Running p50/p99 of the pods created in the window;
+- creation -> Running p50/p99 of the pods created in the window, and bound -> Running (the node's
+  part: a pod that waited Pending for free bonds counts its wait in the first figure only);
 - the lowest allocatable of the resource any node reported meanwhile (sampled every 0.5 s: 0 means
   kubelet had the node's devices unhealthy), and the most Ready product pods one node had at once
   (2: the surge pod beside the old one).
@@ -58,13 +59,15 @@ class Window:
     rejected: int = 0
     cni_failed: int = 0
     starts: list[float] = field(default_factory=list)
+    on_node: list[float] = field(default_factory=list)  # bound -> Running
     min_allocatable: int = -1  # -1: never sampled
     max_per_node: int = 0
 
     def text(self) -> str:
         return (f"{self.kind} ({self.end - self.start:.1f} s): rejected at admission {self.rejected}, "
                 f"CNI calls failed {self.cni_failed}, creation -> Running of the {len(self.starts)} pods "
-                f"created in it: {chaos._quantiles(sorted(self.starts))}; lowest allocatable "
+                f"created in it: {chaos._quantiles(sorted(self.starts))}, bound -> Running: "
+                f"{chaos._quantiles(sorted(self.on_node))}; lowest allocatable "
                 f"{self.min_allocatable}, Ready product pods on one node at once {self.max_per_node}")
 
     def as_json(self) -> dict[str, Any]:
@@ -72,6 +75,8 @@ class Window:
         return {"kind": self.kind, "seconds": round(self.end - self.start, 1), "rejected": self.rejected,
                 "cni_failed": self.cni_failed, "pods": len(s),
                 "start_p50": round(chaos._q(s, 0.5), 2), "start_p99": round(chaos._q(s, 0.99), 2),
+                "bound_to_running_p50": round(chaos._q(sorted(self.on_node), 0.5), 2),
+                "bound_to_running_p99": round(chaos._q(sorted(self.on_node), 0.99), 2),
                 "min_allocatable": self.min_allocatable, "max_per_node": self.max_per_node}
 
     def sample(self, bins: Binaries) -> None:
@@ -176,6 +181,8 @@ class Churn(chaos.Run):
                     win.rejected += win.start <= x.failed_at <= win.end + 5
                 if x.timed and x.running is not None and win.start <= x.created <= win.end:
                     win.starts.append(x.running - x.created)
+                    if x.bound is not None:
+                        win.on_node.append(x.running - x.bound)
             win.cni_failed = sum(win.start - 1 <= at <= win.end + 5 for at in failed)
         outcomes = dict(self.outcomes())
         lost = [chaos._why(x) for x in self.lives.values() if x.outcome() == "lost"]
