@@ -2,7 +2,8 @@
 
 The bond going down, losing its IPv4 address or disappearing arrives as a netlink event within
 milliseconds; the RDMA port state and the uverbs node have no event, so a rescan every
-``cfg.rescan_interval_s`` (0.5 s by default) catches them. One scan serves every pool
+``cfg.rescan_interval_s`` (0.5 s by default) looks for them (:mod:`rdma_cni.devices.rescan`: a quick look,
+a full scan when it changed or every minute). One scan serves every pool
 (:func:`~rdma_cni.devices.inventory.scan_pools`); each pool's change is published to its
 :class:`~rdma_cni.deviceplugin.server.Board` (which wakes its ListAndWatch streams) only when its
 snapshot differs, well within kubelet's 1 s budget.
@@ -23,6 +24,7 @@ from rdma_cni.devices import inventory
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.inventory import NodeScan, Snapshot
 from rdma_cni.devices.pools import PoolSnapshot, SharedSnapshot
+from rdma_cni.devices.rescan import RescanPacer
 from rdma_cni.net.events import LinkEvents
 
 log = logging.getLogger(__name__)
@@ -50,9 +52,14 @@ class HealthWatch:
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set (checked at least every rescan interval)."""
         with LinkEvents() as events:
+            # What changed between the first scan and this subscription sent no event to it: one
+            # scan now, then events and the pacer (on the timer: a quick look, a full scan if needed).
+            self.rescan()
+            pacer = RescanPacer(self._cfg, self._last)
             while not stop.is_set():
-                events.wait(self._cfg.rescan_interval_s)
-                self.rescan()
+                if pacer.due(events.wait(self._cfg.rescan_interval_s)):
+                    self.rescan()
+                    pacer.scanned(self._last)
 
     def rescan(self) -> bool:
         """One scan; True when it changed any pool's published snapshot."""

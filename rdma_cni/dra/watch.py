@@ -19,6 +19,7 @@ from collections.abc import Callable
 from rdma_cni.devices import inventory
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.inventory import NodeScan
+from rdma_cni.devices.rescan import RescanPacer
 from rdma_cni.dra.table import DeviceBoard, DeviceTable, scan_specs, table_for
 from rdma_cni.net.events import LinkEvents
 
@@ -42,9 +43,14 @@ class NodeWatch:
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set (checked at least every rescan interval)."""
         with LinkEvents() as events:
+            # What changed between the first scan and this subscription sent no event to it: one
+            # scan now, then events and the pacer (on the timer: a quick look, a full scan if needed).
+            self.rescan()
+            pacer = RescanPacer(self._cfg, self._last)
             while not stop.is_set():
-                events.wait(self._cfg.rescan_interval_s)
-                self.rescan()
+                if pacer.due(events.wait(self._cfg.rescan_interval_s)):
+                    self.rescan()
+                    pacer.scanned(self._last)
 
     def rescan(self) -> bool:
         """One scan; True when it changed the table."""

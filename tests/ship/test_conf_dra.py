@@ -31,7 +31,15 @@ def test_the_dra_daemonset_is_the_shipped_one_with_the_driver_instead_of_the_dev
     b, v = base["spec"]["template"]["spec"], dra["spec"]["template"]["spec"]
     assert [c["name"] for c in b["containers"]] == ["rdma-agent", "rdma-device-plugin", "refresh"]
     assert [c["name"] for c in v["containers"]] == ["rdma-agent", "rdma-dra-driver", "refresh"]
-    assert b["containers"][0] == v["containers"][0] and b["containers"][2] == v["containers"][2]
+    assert b["containers"][0] == v["containers"][0]
+    # refresh: the same but for its readiness, which waits for the device plugin's registration only
+    # where there is a device plugin
+    refresh_b, refresh_v = copy.deepcopy(b["containers"][2]), v["containers"][2]
+    check = refresh_b["readinessProbe"]["exec"]["command"]
+    at = check.index("--device-plugin-status")
+    del check[at : at + 2]
+    assert "--device-plugin-status" not in refresh_v["readinessProbe"]["exec"]["command"]
+    assert refresh_b == refresh_v
     assert b["initContainers"] == v["initContainers"]
     vols_b = {x["name"]: x for x in b["volumes"]}
     vols_v = {x["name"]: x for x in v["volumes"]}
