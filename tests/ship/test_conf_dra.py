@@ -38,19 +38,24 @@ def test_the_dra_daemonset_is_the_shipped_one_with_the_driver_instead_of_the_dev
     check = refresh_b["readinessProbe"]["exec"]["command"]
     at = check.index("--device-plugin-status")
     del check[at : at + 2]
+    refresh_b["volumeMounts"] = [m for m in refresh_b["volumeMounts"] if m["name"] != "pod-status"]
     assert "--device-plugin-status" not in refresh_v["readinessProbe"]["exec"]["command"]
     assert refresh_b == refresh_v
     assert b["initContainers"] == v["initContainers"]
     vols_b = {x["name"]: x for x in b["volumes"]}
     vols_v = {x["name"]: x for x in v["volumes"]}
     # npwg-devinfo: the device plugin's NPWG device-info files for upstream Multus (issue 36)
-    assert set(vols_b) - set(vols_v) == {"device-plugins", "pod-resources", "npwg-devinfo"}
+    # pod-status: the device plugin's own status, which the refresh container's readiness reads
+    assert set(vols_b) - set(vols_v) == {"device-plugins", "pod-resources", "npwg-devinfo", "pod-status"}
     assert set(vols_v) - set(vols_b) == {"kubelet-plugins", "plugins-registry", "cdi"}
     assert all(vols_b[n] == vols_v[n] for n in set(vols_b) & set(vols_v))
     rest_b, rest_v = copy.deepcopy(base), copy.deepcopy(dra)
     for doc in (rest_b, rest_v):
         spec = doc["spec"]["template"]["spec"]
         del spec["containers"], spec["volumes"]
+    # the DRA driver's sockets have fixed names: its rollout goes one node at a time, no surge
+    assert rest_v["spec"].pop("updateStrategy") == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    assert rest_b["spec"].pop("updateStrategy")["rollingUpdate"]["maxSurge"] == 1
     assert rest_b == rest_v
 
 
