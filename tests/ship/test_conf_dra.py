@@ -54,7 +54,8 @@ def test_the_dra_daemonset_is_the_shipped_one_with_the_driver_instead_of_the_dev
         spec = doc["spec"]["template"]["spec"]
         del spec["containers"], spec["volumes"]
     # the DRA driver's sockets have fixed names: its rollout goes one node at a time, no surge
-    assert rest_v["spec"].pop("updateStrategy") == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    one_at_a_time = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    assert rest_v["spec"].pop("updateStrategy") == one_at_a_time
     assert rest_b["spec"].pop("updateStrategy")["rollingUpdate"]["maxSurge"] == 1
     assert rest_b == rest_v
 
