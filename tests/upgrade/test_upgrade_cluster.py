@@ -81,7 +81,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Binaries]:
                              check=False)  # fmt: skip
             cluster.down()
     TIMES["whole file"] = time.monotonic() - t0
-    TIMES["whole file, the lock's wait left out"] = TIMES["whole file"] - TIMES["waiting for the cluster lock"]
+    TIMES["whole file, without the lock's wait"] = TIMES["whole file"] - TIMES["waiting for the cluster lock"]
     print("\nupgrade scenarios, wall time (s): " + json.dumps({k: round(v, 1) for k, v in TIMES.items()}))
 
 
