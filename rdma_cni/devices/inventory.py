@@ -229,7 +229,7 @@ def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observati
     for bond in bonds:
         link = links.get(bond.netdev)
         index, flags = link if link is not None else (0, 0)
-        state = _port_state(cfg.sysfs_root, bond) if bond.id in present else GONE
+        state = port_state(cfg.sysfs_root, bond.id, bond.port) if bond.id in present else GONE
         uverbs = dev_path(cfg, bond.uverbs) if bond.uverbs else ""
         out[bond.id] = Observation(
             port_state=state,
@@ -245,8 +245,10 @@ def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observati
     return out
 
 
-def _port_state(sysfs_root: str, bond: RdmaBond) -> str:
-    text = read_text(os.path.join(sysfs.port_dir(sysfs_root, bond.id, bond.port), "state"))
+def port_state(sysfs_root: str, device: str, port: int) -> str:
+    """``ports/<port>/state`` of ``device`` without its number ("4: ACTIVE" -> "ACTIVE"); "UNKNOWN"
+    when it cannot be read."""
+    text = read_text(os.path.join(sysfs.port_dir(sysfs_root, device, port), "state"))
     return text.split(":", 1)[-1].strip() if text else "UNKNOWN"
 
 
@@ -276,10 +278,7 @@ def observe_hcas(cfg: PluginConfig, hcas: Iterable[Hca]) -> dict[str, HcaObserva
         link = links.get(h.netdev) if h.netdev else None
         flags = link[1] if link is not None else 0
         uverbs = dev_path(cfg, h.uverbs) if h.uverbs else ""
-        state = "GONE"
-        if h.id in present:
-            text = read_text(os.path.join(sysfs.port_dir(cfg.sysfs_root, h.id, h.port), "state"))
-            state = text.split(":", 1)[-1].strip() if text else "UNKNOWN"
+        state = port_state(cfg.sysfs_root, h.id, h.port) if h.id in present else GONE
         out[h.id] = HcaObservation(
             port_state=state,
             netdev_present=link is not None,

@@ -13,21 +13,20 @@ e.g. a device's NUMA node or PCI parent).
 Usage (in a watch's loop)::
 
     pacer = RescanPacer(cfg, first_scan)
+    evented = True  # what changed since the first scan sent the new subscription no event
     while not stop.is_set():
-        if pacer.due(events.wait(cfg.rescan_interval_s)):
-            scan = rescan()
-            pacer.scanned(scan)
+        if pacer.due(evented):
+            pacer.scanned(rescan())
+        evented = events.wait(cfg.rescan_interval_s)
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
 from rdma_cni.devices.config import PluginConfig
-from rdma_cni.devices.hca import read_text
-from rdma_cni.devices.inventory import NodeScan, dev_path, is_char_device
+from rdma_cni.devices.inventory import NodeScan, dev_path, is_char_device, port_state
 from rdma_cni.devices.pools import SharedSnapshot
 from rdma_cni.rdma import sysfs
 
@@ -46,9 +45,8 @@ def quiet_facts(cfg: PluginConfig, scan: NodeScan) -> Facts:
             seen.update({h.id: (h.port, h.uverbs) for h in snap.hcas})
     looks = []
     for device, (port, uverbs) in sorted(seen.items()):
-        state = read_text(os.path.join(sysfs.port_dir(cfg.sysfs_root, device, port), "state")) or ""
         node_ok = uverbs is not None and is_char_device(dev_path(cfg, uverbs))
-        looks.append((device, state.strip(), node_ok))
+        looks.append((device, port_state(cfg.sysfs_root, device, port), node_ok))
     return present, tuple(looks)
 
 
@@ -66,14 +64,17 @@ class RescanPacer:
         self._full_every = full_every
         self._clock = clock
         self.looks = 0  # quick looks that found nothing new: for the bench and the tests
-        self.scanned(first)
+        self._scan = first
+        self._facts = quiet_facts(cfg, first)
+        self._at = clock()
 
     def due(self, evented: bool) -> bool:
         """True when the watch should scan now: a netlink event came, what has no event changed, or
-        the last full scan is ``full_every`` old."""
-        if evented or self._clock() - self._at >= self._full_every:
-            return True
-        if quiet_facts(self._cfg, self._scan) != self._facts:
+        the last full scan is ``full_every`` old. The look is taken before the scan it asks for, so a
+        change that lands while that scan runs differs from it and is scanned at the next look."""
+        facts = quiet_facts(self._cfg, self._scan)
+        if evented or self._clock() - self._at >= self._full_every or facts != self._facts:
+            self._facts = facts
             return True
         self.looks += 1
         return False
@@ -81,5 +82,4 @@ class RescanPacer:
     def scanned(self, scan: NodeScan) -> None:
         """The watch scanned (successfully or not: ``scan`` is what it keeps)."""
         self._scan = scan
-        self._facts = quiet_facts(self._cfg, scan)
         self._at = self._clock()

@@ -43,14 +43,15 @@ class NodeWatch:
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set (checked at least every rescan interval)."""
         with LinkEvents() as events:
-            # What changed between the first scan and this subscription sent no event to it: one
-            # scan now, then events and the pacer (on the timer: a quick look, a full scan if needed).
-            self.rescan()
+            # On the timer a quick look, a full scan if needed (RescanPacer). First a scan: what
+            # changed between the first scan and this subscription sent it no event.
             pacer = RescanPacer(self._cfg, self._last)
+            evented = True
             while not stop.is_set():
-                if pacer.due(events.wait(self._cfg.rescan_interval_s)):
+                if pacer.due(evented):
                     self.rescan()
                     pacer.scanned(self._last)
+                evented = events.wait(self._cfg.rescan_interval_s)
 
     def rescan(self) -> bool:
         """One scan; True when it changed the table."""

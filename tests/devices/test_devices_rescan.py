@@ -68,3 +68,16 @@ def test_a_device_leaving_sysfs_is_a_change(node: tuple[PluginConfig, str, str])
     before = quiet_facts(cfg, first)
     os.rename(os.path.join(root, "class/infiniband/mlx5_bond_0"), os.path.join(root, "gone"))
     assert quiet_facts(cfg, first) != before
+
+
+def test_a_change_during_the_scan_is_scanned_at_the_next_look(node: tuple[PluginConfig, str, str]) -> None:
+    """The look that asked for a scan is its baseline, not one taken after it: a port that goes down
+    after the scan read it and before the watch says it scanned is not taken as already seen."""
+    cfg, root, _ = node
+    first = inventory.first_scan(cfg)
+    pacer = RescanPacer(cfg, first, full_every=60, clock=Clock())
+    assert pacer.due(True)
+    scan = inventory.scan_pools(cfg, cfg.pool_specs(), previous=first)  # reads the port ACTIVE
+    tree.set_port_state(root, "mlx5_bond_0", 1, active=False)  # then it goes down
+    pacer.scanned(scan)
+    assert pacer.due(False)
