@@ -54,7 +54,8 @@ def start_agent(
         opts += ["--prefork", "2"]  # the pool tests (test_agent_pool.py) count on two idle workers
     if plugins:
         opts += ["--plugin", "probe=test_agent_probe:SPEC"]
-    env = dict(os.environ, PYTHONPATH=f"{PROBE_DIR}:{TESTS}:{os.environ.get('PYTHONPATH', '')}", **(agent_env or {}))
+    path = f"{PROBE_DIR}:{TESTS}:{os.environ.get('PYTHONPATH', '')}"
+    env = dict(os.environ, PYTHONPATH=path, **(agent_env or {}))
     proc = launch_agent(sock, str(log), *opts, *args, netns=netns, env=env)
     return RunningAgent(proc, sock, log)
 

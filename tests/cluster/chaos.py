@@ -76,6 +76,7 @@ class Plan:
     max_pods: int = 6  # chaos pods alive at once (besides the StatefulSet's)
     check_every: float = 2.0
     only: tuple[str, ...] = ()  # kill only these components (what one kind of fault costs); () all
+    chart_sets: tuple[str, ...] = ()  # more helm flags ("--set", "k=v", ...) for the install
 
 
 @dataclass
@@ -302,6 +303,7 @@ def install(bins: Binaries, plan: Plan) -> None:
     sets = ["--set", f"frontEnd={plan.front_end}", "--set", f"rdmaMode={plan.mode}"]
     if plan.mode == "shared":
         sets += ["--set", "shared.link=macvlan"]  # this kernel has no IPVLAN
+    sets += list(plan.chart_sets)
     chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--ignore-not-found", check=False)
     chart.on_cluster(*chart.release_args("install", *sets))
     w.wait_ready(bins, DS, NODES, "kube-system", timeout=240)

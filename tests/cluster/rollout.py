@@ -106,11 +106,13 @@ class Report:
     cni_failed: int
     events: dict[str, int]
     lost: list[str]
+    rejections: dict[str, int] = field(default_factory=dict)  # kubelet's admission messages, by class
 
     def text(self) -> str:
         return "\n".join([
             f"pod lifecycles: {self.outcomes}",
             f"rejected at admission in the whole run: {self.rejected}; CNI calls failed: {self.cni_failed}",
+            *(f"  rejected {n} x {m}" for m, n in sorted(self.rejections.items())),
             *(x.text() for x in self.windows),
             "pod warnings:" + "".join(f"\n  {n} x {m}" for m, n in sorted(self.events.items())),
             f"lost: {self.lost or 'none'}",
@@ -119,7 +121,7 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         return {"windows": [x.as_json() for x in self.windows], "outcomes": self.outcomes,
                 "rejected": self.rejected, "cni_failed": self.cni_failed, "events": self.events,
-                "lost": self.lost}
+                "lost": self.lost, "rejections": self.rejections}
 
 
 class Churn(chaos.Run):
@@ -187,7 +189,12 @@ class Churn(chaos.Run):
         outcomes = dict(self.outcomes())
         lost = [chaos._why(x) for x in self.lives.values() if x.outcome() == "lost"]
         rejected = outcomes.get("rejected by kubelet at admission", 0)
-        return Report(windows, outcomes, rejected, len(failed), dict(self.events()), lost)
+        rejections: dict[str, int] = {}
+        for x in self.lives.values():
+            if x.outcome() == "rejected by kubelet at admission":
+                why = chaos._generic(x.failed)
+                rejections[why] = rejections.get(why, 0) + 1
+        return Report(windows, outcomes, rejected, len(failed), dict(self.events()), lost, rejections)
 
     def outcomes(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -249,8 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-pods", type=int, default=6)
     p.add_argument("--json", help="also write the report here")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a chart value for the install (e.g. devicePlugin.instances=2); repeatable")
     a = p.parse_args(argv)
-    plan = chaos.Plan(a.seed, mode=a.mode, quiet_runs=2, max_pods=a.max_pods)
+    sets = tuple(x for kv in a.set for x in ("--set", kv))
+    plan = chaos.Plan(a.seed, mode=a.mode, quiet_runs=2, max_pods=a.max_pods, chart_sets=sets)
     reuse = os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1"
     with cluster.exclusive():
         try:

@@ -76,3 +76,35 @@ def test_the_readiness_reads_the_status_its_own_pods_device_plugin_writes() -> N
     name = volume_at(dp, written)
     assert volume_at(refresh, read) == name and "emptyDir" in volumes[name]
     assert read.endswith(written)
+
+
+def plugin_containers(*sets: str) -> list[dict[str, Any]]:
+    spec = daemonset(*sets)["spec"]["template"]["spec"]
+    return [c for c in spec["containers"] if c["name"].startswith("rdma-device-plugin")]
+
+
+def _arg(container: dict[str, Any], flag: str) -> str:
+    args = container["args"]
+    return str(args[args.index(flag) + 1])
+
+
+def test_one_device_plugin_container_by_default_and_two_each_with_its_own_status_file() -> None:
+    (one,) = plugin_containers()
+    assert one["name"] == "rdma-device-plugin"
+    assert _arg(one, "--pod-status") == "/run/rdma-cni-pod/status.json"  # what the readiness reads
+    first, second = plugin_containers("--set", "devicePlugin.instances=2")
+    assert (first["name"], second["name"]) == ("rdma-device-plugin", "rdma-device-plugin-2")
+    assert _arg(second, "--pod-status") == "/run/rdma-cni-pod/status-2.json"
+    same = {k: v for k, v in first.items() if k not in ("name", "args")}
+    assert {k: v for k, v in second.items() if k not in ("name", "args")} == same
+    assert [a for a in first["args"] if "status" not in a] == [a for a in second["args"] if "status" not in a]
+
+
+@pytest.mark.parametrize("count", ["0", "3"])
+def test_the_schema_refuses_an_instance_count_other_than_one_or_two(count: str) -> None:
+    with pytest.raises(RuntimeError, match="instances"):
+        chart.template("--set", f"devicePlugin.instances={count}")
+
+
+def test_the_dra_front_end_runs_no_device_plugin_whatever_the_instance_count() -> None:
+    assert plugin_containers("--set", "frontEnd=dra", "--set", "devicePlugin.instances=2") == []

@@ -98,3 +98,48 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded,hook-failed
 - name: POLICY_ALLOWED_TYPES
   value: {{ join "," .Values.nodePolicy.allowedDelegateTypes | quote }}
 {{- end -}}
+
+{{- define "rdma-cni.deviceMounts" }}
+{{- /* The node files every device front-end container reads (the DRA driver, each device plugin). */}}
+            # masters/dataDir/runDir of the node's rdma-macvlan config (one source of truth).
+            - name: cni-conf
+              mountPath: /etc/cni/net.d
+              readOnly: true
+            # Which bond addresses are lent to pods (health: "no IPv4 and no pod holds it").
+            - name: rdma-state
+              mountPath: /var/lib/cni/rdma-macvlan
+              readOnly: true
+            - name: rdma-conf
+              mountPath: /etc/rdma-cni
+              readOnly: true
+            # Shared mode: which addresses rdma-ipvlan lent to pods.
+            - name: rdma-ipvlan-state
+              mountPath: /var/lib/cni/rdma-ipvlan
+              readOnly: true
+            {{- if .mlx }}
+            - name: rdma-devices
+              mountPath: /k8s-rdma-shared-dev-plugin
+              readOnly: true
+            {{- else if not .dra }}
+            #mellanox# - name: rdma-devices
+            #mellanox#   mountPath: /k8s-rdma-shared-dev-plugin
+            #mellanox#   readOnly: true
+            {{- end }}
+            # Whether a holder's pod netns still exists.
+            - name: netns
+              mountPath: /var/run/netns
+              readOnly: true
+              mountPropagation: HostToContainer
+            # status.json for `cni-tool doctor` and the metrics (<runDir>/device-plugin/), and the GID
+            # records (the last host index of a bond lent to a pod).
+            - name: rdma-run
+              mountPath: /run/rdma-cni
+            - name: sys
+              mountPath: /sys
+              readOnly: true
+            # The /dev/infiniband nodes it checks and names (host path = container path = /dev/...);
+            # the directory, because it disappears while the RDMA modules are unloaded.
+            - name: dev
+              mountPath: /dev
+              readOnly: true
+{{- end }}
