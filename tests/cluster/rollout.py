@@ -64,6 +64,10 @@ class Window:
     max_per_node: int = 0
 
     def text(self) -> str:
+        if not self.start:
+            return (f"{self.kind}: creation -> Running of its {len(self.starts)} pods: "
+                    f"{chaos._quantiles(sorted(self.starts))}, bound -> Running: "
+                    f"{chaos._quantiles(sorted(self.on_node))}")
         return (f"{self.kind} ({self.end - self.start:.1f} s): rejected at admission {self.rejected}, "
                 f"CNI calls failed {self.cni_failed}, creation -> Running of the {len(self.starts)} pods "
                 f"created in it: {chaos._quantiles(sorted(self.starts))}, bound -> Running: "
@@ -107,12 +111,14 @@ class Report:
     events: dict[str, int]
     lost: list[str]
     rejections: dict[str, int] = field(default_factory=dict)  # kubelet's admission messages, by class
+    cni_failures: dict[str, int] = field(default_factory=dict)  # kubelet's sandbox warnings, by class
 
     def text(self) -> str:
         return "\n".join([
             f"pod lifecycles: {self.outcomes}",
             f"rejected at admission in the whole run: {self.rejected}; CNI calls failed: {self.cni_failed}",
             *(f"  rejected {n} x {m}" for m, n in sorted(self.rejections.items())),
+            *(f"  CNI failed {n} x {m}" for m, n in sorted(self.cni_failures.items())),
             *(x.text() for x in self.windows),
             "pod warnings:" + "".join(f"\n  {n} x {m}" for m, n in sorted(self.events.items())),
             f"lost: {self.lost or 'none'}",
@@ -185,7 +191,8 @@ class Churn(chaos.Run):
                     win.starts.append(x.running - x.created)
                     if x.bound is not None:
                         win.on_node.append(x.running - x.bound)
-            win.cni_failed = sum(win.start - 1 <= at <= win.end + 5 for at in failed)
+            win.cni_failed = sum(win.start - 1 <= at <= win.end + 5 for at, _ in failed)
+        windows = [*windows, self.outside(windows)]
         outcomes = dict(self.outcomes())
         lost = [chaos._why(x) for x in self.lives.values() if x.outcome() == "lost"]
         rejected = outcomes.get("rejected by kubelet at admission", 0)
@@ -194,7 +201,23 @@ class Churn(chaos.Run):
             if x.outcome() == "rejected by kubelet at admission":
                 why = chaos._generic(x.failed)
                 rejections[why] = rejections.get(why, 0) + 1
-        return Report(windows, outcomes, rejected, len(failed), dict(self.events()), lost, rejections)
+        classes: dict[str, int] = {}
+        for _, message in failed:
+            classes[chaos._generic(message)] = classes.get(chaos._generic(message), 0) + 1
+        events = dict(self.events())
+        return Report(windows, outcomes, rejected, len(failed), events, lost, rejections, classes)
+
+    def outside(self, windows: list[Window]) -> Window:
+        """The reference: the pods created outside every window (the same churn, nothing rolling or
+        crashing), with the rejections and CNI failures not counted in any window."""
+        ref = Window("outside the windows (reference)", 0.0)
+        for x in self.lives.values():
+            if not x.timed or x.running is None or any(v.start <= x.created <= v.end for v in windows):
+                continue
+            ref.starts.append(x.running - x.created)
+            if x.bound is not None:
+                ref.on_node.append(x.running - x.bound)
+        return ref
 
     def outcomes(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -202,8 +225,9 @@ class Churn(chaos.Run):
             out[x.outcome()] = out.get(x.outcome(), 0) + 1
         return out
 
-    def cni_failures(self) -> list[float]:
-        """Monotonic times of kubelet's failed-sandbox warnings for the run's pods (one per count)."""
+    def cni_failures(self) -> list[tuple[float, str]]:
+        """Monotonic times and messages of kubelet's failed-sandbox warnings for the run's pods (one
+        per count)."""
         try:
             items = apiread.get_list("/api/v1/namespaces/default/events")
         except apiread.ReadError:
@@ -215,7 +239,7 @@ class Churn(chaos.Run):
             if e.get("reason") not in CNI_FAILED or e.get("involvedObject", {}).get("uid") not in ours:
                 continue
             at = _epoch(e.get("lastTimestamp") or e.get("eventTime") or "")
-            out += [at + offset] * (e.get("count") or 1)
+            out += [(at + offset, str(e.get("message", "")))] * (e.get("count") or 1)
         return out
 
 
