@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,16 +197,11 @@ class Churn(chaos.Run):
         outcomes = dict(self.outcomes())
         lost = [chaos._why(x) for x in self.lives.values() if x.outcome() == "lost"]
         rejected = outcomes.get("rejected by kubelet at admission", 0)
-        rejections: dict[str, int] = {}
-        for x in self.lives.values():
-            if x.outcome() == "rejected by kubelet at admission":
-                why = chaos._generic(x.failed)
-                rejections[why] = rejections.get(why, 0) + 1
-        classes: dict[str, int] = {}
-        for _, message in failed:
-            classes[chaos._generic(message)] = classes.get(chaos._generic(message), 0) + 1
+        rejections = Counter(chaos._generic(x.failed) for x in self.lives.values()
+                             if x.outcome() == "rejected by kubelet at admission")  # fmt: skip
+        classes = Counter(chaos._generic(message) for _, message in failed)
         events = dict(self.events())
-        return Report(windows, outcomes, rejected, len(failed), events, lost, rejections, classes)
+        return Report(windows, outcomes, rejected, len(failed), events, lost, dict(rejections), dict(classes))
 
     def outside(self, windows: list[Window]) -> Window:
         """The reference: the pods created outside every window (the same churn, nothing rolling or

@@ -160,29 +160,41 @@ def scale(kube: Binaries, replicas: int) -> None:
     kubectl(kube, "scale", "statefulset", "ibv-app", f"--replicas={replicas}")
 
 
-def served_calls() -> float:
-    """How many VERSION calls of rdma-macvlan the node's agent has served (its /metrics)."""
+def agent_count(name: str, *labels: str) -> float:
+    """The sum of the node's agent's samples of counter ``name`` that carry every one of ``labels``
+    (``'plugin="rdma-macvlan"'``...), from its /metrics."""
     read = functools.partial(invariants.metrics, NODE)
     samples: dict[str, float] = w.wait("the agent's /metrics", read, 60)
-    return sum(v for k, v in samples.items() if k.startswith("rdma_cni_cni_calls_total{")
-               and 'plugin="rdma-macvlan"' in k and 'verb="VERSION"' in k)  # fmt: skip
+    return sum(v for k, v in samples.items() if k.startswith(name) and all(x in k for x in labels))
 
 
-def version_call(client: str) -> tuple[int, str, str]:
+def served_calls() -> float:
+    """How many VERSION calls of rdma-macvlan the node's agent has served."""
+    return agent_count("rdma_cni_cni_calls_total{", 'plugin="rdma-macvlan"', 'verb="VERSION"')
+
+
+def refused_calls() -> float:
+    """How many calls the node's agent refused (the client then ran them in-process)."""
+    return agent_count("rdma_cni_agent_refused_calls_total")
+
+
+def version_call(client: str, in_process: str = "") -> tuple[int, str, str]:
     """CNI VERSION through the thin client ``client`` (a path inside the node) to the node's agent,
-    as kubelet's runtime runs a plugin on the node: its fallback is a program that fails, so an
+    as kubelet's runtime runs a plugin on the node. Its fallback is ``in_process`` (a bundle's
+    program, which runs the call when the agent refuses it), or else a program that fails, so an
     answer came from the agent."""
     fallback = NODE.dir("/run/rdma-cni") / "upgrade-test-fallback.sh"
-    fallback.write_text('#!/bin/sh\necho "fallback ran" >&2\nexit 42\n')
-    fallback.chmod(0o755)
+    if not in_process:
+        fallback.write_text('#!/bin/sh\necho "fallback ran" >&2\nexit 42\n')
+        fallback.chmod(0o755)
     try:
         proc = NODE.run(
             f"echo '{{\"cniVersion\":\"1.0.0\"}}' | CNI_COMMAND=VERSION CNI_PATH=/opt/cni/bin "
-            f"RDMA_CNI_FALLBACK=/run/rdma-cni/{fallback.name} {client}",
+            f"RDMA_CNI_FALLBACK={in_process or '/run/rdma-cni/' + fallback.name} {client}",
             check=False,
         )
     finally:
-        fallback.unlink()
+        fallback.unlink(missing_ok=True)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -220,13 +232,6 @@ def test_the_previous_version_installed_with_helm_runs_an_ibv_app_pod(kube: Bina
     TIMES["install previous + 1 pod"] = time.monotonic() - t0
 
 
-def refused_calls() -> float:
-    """How many calls the node's agent refused (the client then ran them in-process)."""
-    read = functools.partial(invariants.metrics, NODE)
-    samples: dict[str, float] = w.wait("the agent's /metrics", read, 60)
-    return sum(v for k, v in samples.items() if k.startswith("rdma_cni_agent_refused_calls_total"))
-
-
 def test_this_versions_thin_client_beside_the_previous_agent_runs_its_call_in_process(
     kube: Binaries, tmp_path: Path
 ) -> None:
@@ -241,14 +246,10 @@ def test_this_versions_thin_client_beside_the_previous_agent_runs_its_call_in_pr
     in_process = f"{LIB}/{STATE['old_build']}/rdma-cni"
     refused, served = refused_calls(), served_calls()
     t0 = time.monotonic()
-    proc = NODE.run(
-        f"echo '{{\"cniVersion\":\"1.0.0\"}}' | CNI_COMMAND=VERSION CNI_PATH=/opt/cni/bin "
-        f"RDMA_CNI_FALLBACK={in_process} {client}",
-        check=False,
-    )
+    code, out, err = version_call(client, in_process)
     TIMES["new client, old agent: VERSION in-process"] = time.monotonic() - t0
-    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
-    assert "1.0.0" in json.loads(proc.stdout)["supportedVersions"], proc.stdout
+    assert code == 0, f"exit {code}: {err}"
+    assert "1.0.0" in json.loads(out)["supportedVersions"], out
     w.wait("the previous agent counted its refusal", lambda: refused_calls() >= refused + 1, 30)
     assert served_calls() == served, "the previous agent ran a call it should have refused"
     t0 = time.monotonic()
