@@ -338,6 +338,42 @@ def test_a_bond_lent_to_a_live_pod_is_healthy_and_a_dead_pods_is_not(make_rig: C
     assert rig.health("mlx5_bond_0").healthy
 
 
+def test_a_del_that_ends_between_the_dump_and_the_records_read_leaves_the_bond_healthy(
+    make_rig: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DEL gives the addresses back, then removes the record; a scan dumps the addresses, then
+    reads the records. A DEL that ends between the two left the bond with neither in that look,
+    and kubelet took it as Unhealthy for one scan (seen under churn: a pod rejected at admission).
+    Here a real DEL runs exactly there: the scan must still say Healthy, and a bond whose address
+    is really gone must still say why."""
+    rig = make_rig(2, watched=True)
+    pod = rig.n.pod()
+    wait_watched(rig.netns, pod.path)
+    conf = rig.n.config(masters=["bond0", "bond1"], count=1, sysfsRoot=rig.sys,
+                        rdma={"required": True, "gidTimeoutMs": 10000})
+    assert rig.n.plugin("ADD", conf, pod, container_id="c1").code == 0
+    assert rig.n.pins() == {"bond0": "c1"}
+    real_holders = inventory.holders
+    dels: list[int] = []
+
+    def del_then_read(data_dir: str) -> dict[str, tuple[Holder, ...]]:
+        if not dels:  # the first look only: its dump has run, its records read has not
+            res = rig.n.plugin("DEL", conf, pod, container_id="c1")
+            dels.append(res.code)
+            assert res.code == 0, res.stderr
+        return real_holders(data_dir)
+
+    monkeypatch.setattr(inventory, "holders", del_then_read)
+    snap = rig.scan()
+    assert dels == [0], "the DEL ran inside the scan"
+    assert rig.n.pins() == {}
+    assert snap.health_of("mlx5_bond_0") == DeviceHealth("mlx5_bond_0", True, "")
+
+    rig.node_exec("addr", "del", f"{bond_ip(1)}/28", "dev", "bond1")  # really lost: every look says so
+    lost = rig.health("mlx5_bond_1")
+    assert not lost.healthy and "no pod holds it" in lost.reason, lost.reason
+
+
 # --- Allocate -----------------------------------------------------------------------------------------
 
 
