@@ -13,6 +13,7 @@ tests that share a worker or run alone (``scripts/test`` runs the suite in two p
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -67,6 +68,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 f"pytest-xdist did not tag {len(lost)} grouped tests (e.g. {lost[0]}) with their group: "
                 "this pytest and pytest-xdist do not work together; see pyproject.toml's pin"
             )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The test cluster the last cluster module of this process kept up for a next one goes down
+    (tests/cluster/cluster.py ``shared``); a process that imported no cluster module has none."""
+    kept = sys.modules.get("cluster.cluster")
+    if kept is not None:
+        kept.down_if_kept()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

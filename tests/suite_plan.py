@@ -6,7 +6,8 @@
 - ``GROUPS``: tests that share one worker, one after another (``--dist loadgroup``): a module-scoped
   fixture too expensive to make twice (the VM run), or runs that must not overlap each other (a demo
   run sweeps what dead demo runs left: a second demo must not sweep the one a test killed on purpose).
-- ``FIRST``: the long ones, handed out before the rest so the short tests fill in around them.
+- ``FIRST``: the long ones, handed out before the rest (in its order) so the short tests fill in
+  around them; cluster modules that share one cluster stand together there.
 - ``QUICK``: ``scripts/test --quick``, the inner loop: every module's job touched once (the pure core,
   one real-netns round trip per plugin, the device plugin against the test kubelet, the agent).
 
@@ -62,7 +63,10 @@ GROUPS: Mapping[str, str] = {
 }
 
 FIRST: tuple[str, ...] = (
+    # one 2-node cluster for the three, in this order (tests/cluster/cluster.py SHARED_HELM)
     "cluster/test_cluster_e2e.py",
+    "cluster/test_cluster_rollout.py",
+    "release/test_release_cluster.py",
     "plugins/macvlan/test_macvlan_concurrency.py::test_200_concurrent_add_del_cycles_leave_nothing_behind",
     "vm/test_vm_e2e.py",
     "ship/test_ship_demo.py",
@@ -172,6 +176,11 @@ def matches(entry: str, nodeid: str) -> bool:
     return test == entry or test.startswith((f"{entry}::", f"{entry}["))
 
 
+def _rank(entries: tuple[str, ...], nodeid: str) -> int:
+    """The index of the first of ``entries`` naming ``nodeid``, or ``len(entries)``."""
+    return next((i for i, e in enumerate(entries) if matches(e, nodeid)), len(entries))
+
+
 def _first_match(entries: Iterable[str], nodeid: str) -> str | None:
     return next((e for e in entries if matches(e, nodeid)), None)
 
@@ -204,8 +213,8 @@ def apply(config: pytest.Config, items: list[pytest.Item]) -> None:
             # run with workers but without --serial exclude (``pytest -n 4`` by hand): at least
             # never two of them at once
             item.add_marker(pytest.mark.xdist_group("serial"))
-    # stable: within each rank collection order is kept
-    items.sort(key=lambda item: 0 if _first_match(FIRST, item.nodeid) is not None else 1)
+    # FIRST's entries in its order, then the rest; stable: within each rank collection order is kept
+    items.sort(key=lambda item: _rank(FIRST, item.nodeid))
     keep, drop = [], []
     serial = config.getoption("serial")
     quick = config.getoption("quick")

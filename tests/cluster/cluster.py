@@ -45,6 +45,7 @@ class State:
     mntns: list[str] = field(default_factory=list)
     mountpoints: list[str] = field(default_factory=list)  # host dirs up created as mount points
     cgroups: list[str] = field(default_factory=list)
+    kept: str = ""  # who keeps it up for the next test module (:func:`shared`), "" for nobody
 
     def save(self) -> None:
         RUN.mkdir(parents=True, exist_ok=True)
@@ -55,6 +56,7 @@ class State:
             "mntns": self.mntns,
             "mountpoints": self.mountpoints,
             "cgroups": self.cgroups,
+            "kept": self.kept,
         }
         procs.json_dump(STATE, doc)
 
@@ -71,6 +73,7 @@ class State:
             doc["mntns"],
             doc["mountpoints"],
             doc["cgroups"],
+            doc.get("kept", ""),
         )
 
 
@@ -170,6 +173,67 @@ def prepare() -> tuple[Binaries, list[Image], RegistryBins]:
     multus = (MULTUS_BUILD.bin_dir, MULTUS)
     imgs = images.build_images(REPO, CACHE_ROOT, PRODUCT_TAGS, multus)
     return bins, imgs, registry.build_registry(CACHE_ROOT)
+
+
+# The modules that leave the cluster as a fresh one but for what `helm uninstall` leaves on a node
+# (the bundle, the CNI configs), in this order: test_cluster_e2e, test_cluster_rollout and
+# release/test_release_cluster (tests/suite_plan.py FIRST keeps them together).
+SHARED_HELM = "helm"
+
+
+def _keeper(n_nodes: int, key: str) -> str:
+    return f"{os.getpid()}:{key}:{n_nodes}"
+
+
+@contextlib.contextmanager
+def shared(n_nodes: int, key: str, clean: Callable[[], bool]) -> Iterator[State]:
+    """The cluster of one test module, which the next module of this process with the same ``key``
+    and node count takes over instead of a new one (an ``up`` is 25-35 s, a ``down`` ~12 s).
+
+    Only modules that leave the cluster as they found it share a key: their products uninstalled,
+    their pods gone. ``clean()`` says, at the end, whether this one did (no test of it failed): if
+    not, the cluster goes down. Any ``up`` (another module, another process) sweeps a kept cluster
+    first; :func:`down_if_kept` ends the one this process still keeps when its session ends. Call
+    it inside :func:`exclusive`."""
+    st = State.load()
+    if st.kept == _keeper(n_nodes, key) and st.procs and all(procs.alive(p) for p in st.procs):
+        log.info("cluster kept by the previous module taken over: %d node(s)", n_nodes)
+    else:
+        st = up(n_nodes)
+    st.kept = ""
+    st.save()
+    keep = False
+    try:
+        yield st
+        keep = clean()
+    finally:
+        if keep:
+            st = State.load()
+            st.kept = _keeper(n_nodes, key)
+            st.save()
+        else:
+            down()
+
+
+@contextlib.contextmanager
+def for_module(n_nodes: int, key: str, clean: Callable[[], bool]) -> Iterator[None]:
+    """A test module's cluster (:func:`shared`), inside :func:`exclusive`. While working on tests,
+    ``RDMA_CNI_CLUSTER_REUSE=1`` uses a cluster that is up as it is, and keeps one made here up."""
+    if os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1":
+        if not State.load().procs:
+            up(n_nodes)
+        yield
+        return
+    with shared(n_nodes, key, clean):
+        yield
+
+
+def down_if_kept() -> None:
+    """End the cluster this process kept for a next module that did not come (its session ends)."""
+    if State.load().kept.startswith(f"{os.getpid()}:"):
+        with exclusive():
+            if State.load().kept.startswith(f"{os.getpid()}:"):
+                down()
 
 
 def start_registry(reg: RegistryBins, imgs: Sequence[Image], logs: Path) -> Proc:

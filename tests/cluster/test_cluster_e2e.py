@@ -8,14 +8,15 @@ across nodes, its network-status annotation; a fifth replica Pending on the sche
 nodes exact after scaling to 0; a NetworkAttachmentDefinition; a namespace user trying every door of
 the tenant boundary (docs/security.md); the ServiceAccount's rights; then the
 faults with RDMA pods running (kubelet restarted by SIGTERM and -9, the DaemonSet's pod deleted, a
-rolling update, the API server down while a pod is deleted) and shared mode.
+refused switch to shared mode, the API server down while a pod is deleted), the rolling update to
+shared mode, the uninstall, the DRA variant and a short chaos run. Upgrades and rollbacks between
+real versions are tests/upgrade's. The rollout and release modules take this cluster over after it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -42,30 +43,26 @@ TIMES: dict[str, float] = {}  # measured here, printed by the tests that took th
 
 
 @pytest.fixture(scope="module")
-def kube() -> Iterator[Binaries]:
+def kube(request: pytest.FixtureRequest) -> Iterator[Binaries]:
     """Two nodes labelled, the product installed with Helm (``helm install`` of charts/rdma-cni with
-    its defaults, as README "Install with Helm" says); everything removed after.
-    ``RDMA_CNI_CLUSTER_REUSE=1`` (while working on these tests) keeps a cluster that is up, and up."""
-    reuse = os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1"
-    with cluster.exclusive():
-        if not (reuse and cluster.State.load().procs):
-            cluster.up(NODES)
-        try:
-            bins = build.binaries()
-            w.label_nodes(bins, NODES)
-            chart.on_cluster(
-                "uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--ignore-not-found", check=False
-            )
-            t0 = time.monotonic()
-            chart.on_cluster(*chart.release_args("install"))
-            w.wait_ready(bins, DS, NODES, "kube-system", timeout=240)
-            TIMES["helm install -> DaemonSet Ready"] = time.monotonic() - t0
-            yield bins
-        finally:
-            if not reuse:
-                cluster.down()
-                # the runtime's shims leave containerd's cgroup and outlive it: down ends them too
-                assert cluster.our_shims() == []
+    its defaults, as README "Install with Helm" says). Its last test uninstalls it: when every test
+    passed, the rollout and release modules take the cluster over (cluster.SHARED_HELM), else it
+    goes down. ``RDMA_CNI_CLUSTER_REUSE=1`` (while working on these tests) keeps a cluster that is
+    up, and up."""
+    failed = request.session.testsfailed
+    with cluster.exclusive(), cluster.for_module(NODES, cluster.SHARED_HELM,
+                                                 lambda: request.session.testsfailed == failed):
+        bins = build.binaries()
+        w.label_nodes(bins, NODES)
+        chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--ignore-not-found", check=False)
+        t0 = time.monotonic()
+        chart.on_cluster(*chart.release_args("install"))
+        w.wait_ready(bins, DS, NODES, "kube-system", timeout=240)
+        TIMES["helm install -> DaemonSet Ready"] = time.monotonic() - t0
+        yield bins
+    if not cluster.State.load().procs:
+        # the runtime's shims leave containerd's cgroup and outlive it: down ends them too
+        assert cluster.our_shims() == []
 
 
 def _offers(kube: Binaries, node: str, count: int) -> bool:
@@ -467,23 +464,6 @@ def _daemonset_pods(kube: Binaries) -> dict[str, str]:
     }
 
 
-def test_helm_upgrade_to_a_new_image_tag_rolls_the_daemonset_and_loses_nothing(kube: Binaries) -> None:
-    before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
-    old = _daemonset_pods(kube)
-    t0 = time.monotonic()
-    chart.on_cluster(*chart.release_args("upgrade", "--set", "image.tag=0.1.1"))
-    w.rollout(kube)
-    ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=120)
-    print(f"helm upgrade --set image.tag=0.1.1 -> DaemonSet rolled and Ready: {time.monotonic() - t0:.1f} s")
-    assert {p["spec"]["containers"][0]["image"] for p in ds} == {"rdma-cni:0.1.1"}
-    assert not set(old) & {p["metadata"]["name"] for p in ds}, "every DaemonSet pod replaced"
-    for nd in nodes():
-        _allocatable_back(kube, nd.name)
-    _pods_undisturbed(kube, before)  # same UIDs, containers (0 restarts), bonds and addresses
-    assert {nd.name: w.node_network(nd) for nd in nodes()} == net
-    assert [(h["revision"], h["status"]) for h in chart.history()][-1] == (2, "deployed")
-
-
 def test_helm_upgrade_to_shared_mode_while_pods_hold_bonds_is_refused_and_changes_nothing(
     kube: Binaries,
 ) -> None:
@@ -496,23 +476,10 @@ def test_helm_upgrade_to_shared_mode_while_pods_hold_bonds_is_refused_and_change
     said = proc.stderr
     assert "rdmaMode: exclusive -> shared refused: pods hold RDMA devices" in said, said
     assert all(f"default/ibv-app-{i}" in said for i in range(4)) and "Delete those pods first" in said, said
-    assert [(h["revision"], h["status"]) for h in chart.history()][-1] == (2, "deployed")
+    assert [(h["revision"], h["status"]) for h in chart.history()][-1] == (1, "deployed")
     assert _daemonset_pods(kube) == ds_before, "nothing reached the cluster"
     _pods_undisturbed(kube, before)
     assert {nd.name: w.node_network(nd) for nd in nodes()} == net
-
-
-def test_helm_rollback_returns_the_first_revision_and_loses_nothing(kube: Binaries) -> None:
-    before, net = _pod_state(kube), {nd.name: w.node_network(nd) for nd in nodes()}
-    chart.on_cluster("rollback", chart.RELEASE, "1", "-n", chart.NAMESPACE)
-    w.rollout(kube)
-    ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=120)
-    assert {p["spec"]["containers"][0]["image"] for p in ds} == {"rdma-cni:0.1.0"}
-    for nd in nodes():
-        _allocatable_back(kube, nd.name)
-    _pods_undisturbed(kube, before)
-    assert {nd.name: w.node_network(nd) for nd in nodes()} == net
-    assert [(h["revision"], h["status"]) for h in chart.history()][-1] == (3, "deployed")
 
 
 def test_api_server_down_while_a_seed_pod_is_deleted_still_gives_the_bonds_back_and_logs_the_status(
@@ -554,8 +521,12 @@ def test_shared_mode_every_pod_shares_every_bond_with_addresses_of_its_own(
     wait_exact(baseline)
     # this kernel has no IPVLAN: the delegate's documented macvlan link, a value of the chart
     sets = ("--set", "rdmaMode=shared", "--set", "shared.link=macvlan", "--set", "image.tag=0.1.1")
+    old = _daemonset_pods(kube)
     chart.on_cluster(*chart.release_args("upgrade", *sets))
     w.rollout(kube)
+    ds = w.wait_ready(kube, DS, NODES, "kube-system", timeout=120)
+    assert {p["spec"]["containers"][0]["image"] for p in ds} == {"rdma-cni:0.1.1"}
+    assert not set(old) & {p["metadata"]["name"] for p in ds}, "every DaemonSet pod replaced"
     for nd in nodes():
         w.wait(
             f"{nd.name} offers 1000 shared devices",

@@ -14,7 +14,6 @@ three pods at most alive at once, one rollout, one kill.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -33,21 +32,16 @@ FORCE_DELETE_RETRY = "is pinned to container"
 
 
 @pytest.fixture(scope="module")
-def kube() -> Iterator[Binaries]:
-    """The cluster with the chart installed (Helm, the device plugin front end, exclusive mode);
-    ``RDMA_CNI_CLUSTER_REUSE=1`` keeps a cluster that is up, and up."""
-    reuse = os.environ.get("RDMA_CNI_CLUSTER_REUSE") == "1"
-    with cluster.exclusive():
-        if not (reuse and cluster.State.load().procs):
-            cluster.up(chaos.NODES)
-        try:
-            bins = build.binaries()
-            chaos.install(bins, PLAN)
-            yield bins
-            chaos.uninstall(bins)
-        finally:
-            if not reuse:
-                cluster.down()
+def kube(request: pytest.FixtureRequest) -> Iterator[Binaries]:
+    """The chart installed with two device plugin containers on the two nodes the e2e module leaves
+    (cluster.SHARED_HELM; a new cluster when it did not); uninstalled after."""
+    failed = request.session.testsfailed
+    with cluster.exclusive(), cluster.for_module(chaos.NODES, cluster.SHARED_HELM,
+                                                 lambda: request.session.testsfailed == failed):
+        bins = build.binaries()
+        chaos.install(bins, PLAN)
+        yield bins
+        chaos.uninstall(bins)
 
 
 def test_a_rollout_and_a_crash_under_churn_reject_no_pod_and_fail_no_cni_call(kube: Binaries) -> None:

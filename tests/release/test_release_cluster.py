@@ -1,12 +1,13 @@
 """A release installed as its users install it: scripts/release (from a clean clone of HEAD) pushes
 0.1.0 into the test cluster's own registry (203.0.113.1:5000, on the fabric), then the cluster runs
 ``helm install rdma-cni oci://.../charts/rdma-cni --version 0.1.0`` with the chart's defaults and
-containerd pulls the release's image from the registry: the harness only ever pushes
+each node's containerd pulls the release's image from the registry: the harness only ever pushes
 docker.io/library/rdma-cni there, so a pod running the release's digest was pulled, not imported.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,22 +22,25 @@ from cluster.cluster import RDMA
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns, pytest.mark.helm]
 
-NODES = 1
+NODES = 2
 DS = "k8s-app=rdma-cni"
 REGISTRY = f"{topo.REGISTRY}/release"
 
 
 @pytest.fixture(scope="module")
-def kube() -> Iterator[Binaries]:
-    """A one-node cluster, its node labelled; removed afterwards."""
-    with cluster.exclusive():
-        cluster.up(NODES)
-        try:
-            bins = build.binaries()
-            w.label_nodes(bins, NODES)
-            yield bins
-        finally:
-            cluster.down()
+def kube(request: pytest.FixtureRequest) -> Iterator[Binaries]:
+    """The two labelled nodes the e2e and rollout modules leave with the chart uninstalled
+    (cluster.SHARED_HELM), or a new cluster when they did not."""
+    failed = request.session.testsfailed
+    with cluster.exclusive(), cluster.for_module(NODES, cluster.SHARED_HELM,
+                                                 lambda: request.session.testsfailed == failed):
+        bins = build.binaries()
+        w.label_nodes(bins, NODES)
+        yield bins
+
+
+def _offers_8(kube: Binaries, node: str) -> bool:
+    return w.node_capacity(kube, node) == (8, 8)
 
 
 def test_helm_installs_the_release_from_the_registry_and_the_nodes_pull_its_image(
@@ -64,6 +68,7 @@ def test_helm_installs_the_release_from_the_registry_and_the_nodes_pull_its_imag
         assert {c["image"] for c in [*spec.get("initContainers", []), *spec["containers"]]} == {ref}
         statuses = [*p["status"].get("initContainerStatuses", []), *p["status"]["containerStatuses"]]
         assert {s["imageID"] for s in statuses} == {f"{REGISTRY}/rdma-cni@{digest}"}
-    node = topo.node_name(1)
-    w.wait(f"{node} offers 8 {RDMA}", lambda: w.node_capacity(kube, node) == (8, 8), 90)
+    for n in range(1, NODES + 1):
+        node = topo.node_name(n)
+        w.wait(f"{node} offers 8 {RDMA}", functools.partial(_offers_8, kube, node), 90)
     chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--wait", check=False, timeout=300)
