@@ -66,20 +66,24 @@ def causes(bond: RdmaBond, seen: Observation) -> list[str]:
         out.append(f"no uverbs device names {bond.id} in class/infiniband_verbs (is ib_uverbs loaded?)")
     elif not seen.uverbs_ok:
         out.append(f"{seen.uverbs_node} is missing or not a character device (is ib_uverbs loaded?)")
-    if seen.link_present and not seen.ipv4 and not seen.ipv6:
-        out.extend(_address_causes(bond, seen.holders))
+    if address_lost(seen):
+        out.append(_address_cause(bond, seen.holders))
     return out
 
 
-def _address_causes(bond: RdmaBond, holders: tuple[Holder, ...]) -> list[str]:
-    if any(h.alive for h in holders):
-        return []  # lent to a live pod: DEL gives it back
+def address_lost(seen: Observation) -> bool:
+    """The bond is there without an address, and no live pod holds it (one lent to a live pod is
+    fine: DEL gives it back)."""
+    return seen.link_present and not seen.ipv4 and not seen.ipv6 and not any(h.alive for h in seen.holders)
+
+
+def _address_cause(bond: RdmaBond, holders: tuple[Holder, ...]) -> str:
     if holders:
         dead = holders[0]
-        return [f"bond {bond.netdev} has no IP address: container {dead.container_id[:12]} holds it "
-                f"but its netns {dead.netns or '(none)'} is gone (`cni-tool gc` gives it back)"]
-    return [f"bond {bond.netdev} has no IPv4 (nor global IPv6) address and no pod holds it: the node "
-            "lost it (see `cni-tool state`; give the bond its address back)"]
+        return (f"bond {bond.netdev} has no IP address: container {dead.container_id[:12]} holds it "
+                f"but its netns {dead.netns or '(none)'} is gone (`cni-tool gc` gives it back)")
+    return (f"bond {bond.netdev} has no IPv4 (nor global IPv6) address and no pod holds it: the node "
+            "lost it (see `cni-tool state`; give the bond its address back)")
 
 
 def evaluate(bond: RdmaBond, seen: Observation) -> DeviceHealth:

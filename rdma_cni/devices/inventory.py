@@ -33,7 +33,14 @@ from rdma_cni.devices.bonds import bond_ports
 from rdma_cni.devices.config import PluginConfig
 from rdma_cni.devices.errors import ConfigError
 from rdma_cni.devices.hca import Hca, mad_devices, read_text
-from rdma_cni.devices.health import HcaObservation, Holder, Observation, evaluate, evaluate_hca
+from rdma_cni.devices.health import (
+    HcaObservation,
+    Holder,
+    Observation,
+    address_lost,
+    evaluate,
+    evaluate_hca,
+)
 from rdma_cni.devices.model import DeviceHealth, RdmaBond, Snapshot, natural_key
 from rdma_cni.devices.pci import address_of, pcie_root
 from rdma_cni.devices.pools import (
@@ -65,7 +72,7 @@ _NLMSGHDR_SIZE = 16
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 IFF_LOWER_UP = 0x10000  # carrier: for a bond, at least one slave is up
 GONE = "GONE"
-ORPHAN_LOOKS = 3  # looks at a bond without an address or a holder before it is judged (_settled_look)
+ORPHAN_LOOKS = 3  # looks at a bond without an address or a holder before it is judged (observe)
 SETTLED_S = 1.0  # a records directory unchanged this long is not being written (see _attachments)
 
 
@@ -221,14 +228,31 @@ def holders(data_dir: str) -> dict[str, tuple[Holder, ...]]:
 
 
 def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observation]:
-    """One Observation per device, from one netlink dump and one read of the records, looked at
-    again while a bond seems to have lost its address (:func:`_settled_look`)."""
+    """One Observation per device, from one netlink dump and one read of the records after it;
+    looked at again, up to ORPHAN_LOOKS in all, while a bond seems to have lost its address.
+
+    The dump comes first and the records second, so an ADD (record written, then the addresses
+    taken) is never missed. A DEL runs the other way (addresses given back, then the record
+    removed): one that ends between the two reads leaves a bond with neither an address nor a
+    holder in that look. It was reported Unhealthy for a scan (seen: kubelet counted 7 healthy of 8
+    for 200 ms, and a pod asking for 4 of the 4 free was rejected at admission). A bond that really
+    lost its address has lost it in every look; one a DEL gave back has it in the next."""
     bonds = list(bonds)
-    look = _settled_look(cfg, bonds)
     present = set(sysfs.list_devices(cfg.sysfs_root))
+    seen = _look(cfg, bonds, present)
+    for _ in range(ORPHAN_LOOKS - 1):
+        if not any(address_lost(o) for o in seen.values()):
+            break
+        seen = _look(cfg, bonds, present)
+    return seen
+
+
+def _look(cfg: PluginConfig, bonds: Sequence[RdmaBond], present: set[str]) -> dict[str, Observation]:
+    links, ipv4, ipv6 = _links_and_addresses(b.netdev for b in bonds)
+    held = holders(cfg.data_dir)
     out: dict[str, Observation] = {}
     for bond in bonds:
-        link = look.links.get(bond.netdev)
+        link = links.get(bond.netdev)
         index, flags = link if link is not None else (0, 0)
         state = port_state(cfg.sysfs_root, bond.id, bond.port) if bond.id in present else GONE
         uverbs = dev_path(cfg, bond.uverbs) if bond.uverbs else ""
@@ -237,54 +261,13 @@ def observe(cfg: PluginConfig, bonds: Iterable[RdmaBond]) -> dict[str, Observati
             link_present=link is not None,
             link_up=bool(flags & IFF_UP),
             carrier=bool(flags & IFF_LOWER_UP),
-            ipv4=tuple(look.ipv4.get(index, ())) if link is not None else (),
-            ipv6=tuple(look.ipv6.get(index, ())) if link is not None else (),
+            ipv4=tuple(ipv4.get(index, ())) if link is not None else (),
+            ipv6=tuple(ipv6.get(index, ())) if link is not None else (),
             uverbs_node=uverbs,
             uverbs_ok=bool(uverbs) and is_char_device(uverbs),
-            holders=look.held.get(bond.netdev, ()),
+            holders=held.get(bond.netdev, ()),
         )
     return out
-
-
-@dataclass(frozen=True)
-class _Look:
-    """The bonds' links and every address (one dump), then the records' holders (read after it)."""
-
-    links: dict[str, tuple[int, int]]
-    ipv4: Addresses
-    ipv6: Addresses
-    held: dict[str, tuple[Holder, ...]]
-
-    def orphaned(self, netdev: str) -> bool:
-        """No address on the bond and no live pod holding it: the node lost it, or a DEL gave it back
-        between the dump and the read of the records."""
-        link = self.links.get(netdev)
-        if link is None or self.ipv4.get(link[0]) or self.ipv6.get(link[0]):
-            return False
-        return not any(h.alive for h in self.held.get(netdev, ()))
-
-
-def _settled_look(cfg: PluginConfig, bonds: Sequence[RdmaBond]) -> _Look:
-    """A look in which no bond is orphaned only by the order of its two reads.
-
-    The dump comes first and the records second, so an ADD (record written, then the addresses
-    taken) is never missed. A DEL runs the other way (addresses given back, then the record
-    removed): one that ends between the two reads leaves a bond with neither an address nor a
-    holder in that look. It was reported Unhealthy for a scan (seen: kubelet counted 7 healthy of 8
-    for 200 ms, and a pod asking for 4 of the 4 free was rejected at admission). A bond that really
-    lost its address is orphaned in every look; one a DEL gave back is not in the next."""
-    netdevs = [b.netdev for b in bonds]
-    look = _look(cfg, netdevs)
-    for _ in range(ORPHAN_LOOKS - 1):
-        if not any(look.orphaned(n) for n in netdevs):
-            break
-        look = _look(cfg, netdevs)
-    return look
-
-
-def _look(cfg: PluginConfig, netdevs: Sequence[str]) -> _Look:
-    links, ipv4, ipv6 = _links_and_addresses(netdevs)
-    return _Look(links, ipv4, ipv6, holders(cfg.data_dir))
 
 
 def port_state(sysfs_root: str, device: str, port: int) -> str:

@@ -198,10 +198,10 @@ def shared(n_nodes: int, key: str, clean: Callable[[], bool]) -> Iterator[State]
     st = State.load()
     if st.kept == _keeper(n_nodes, key) and st.procs and all(procs.alive(p) for p in st.procs):
         log.info("cluster kept by the previous module taken over: %d node(s)", n_nodes)
+        st.kept = ""
+        st.save()
     else:
         st = up(n_nodes)
-    st.kept = ""
-    st.save()
     keep = False
     try:
         yield st
@@ -226,6 +226,12 @@ def for_module(n_nodes: int, key: str, clean: Callable[[], bool]) -> Iterator[No
         return
     with shared(n_nodes, key, clean):
         yield
+
+
+def no_new_failures(session: Any) -> Callable[[], bool]:
+    """``clean`` for :func:`shared` from a pytest session: no test failed since this call."""
+    failed = session.testsfailed
+    return lambda: bool(session.testsfailed == failed)
 
 
 def down_if_kept() -> None:

@@ -49,9 +49,8 @@ def kube(request: pytest.FixtureRequest) -> Iterator[Binaries]:
     passed, the rollout and release modules take the cluster over (cluster.SHARED_HELM), else it
     goes down. ``RDMA_CNI_CLUSTER_REUSE=1`` (while working on these tests) keeps a cluster that is
     up, and up."""
-    failed = request.session.testsfailed
-    with cluster.exclusive(), cluster.for_module(NODES, cluster.SHARED_HELM,
-                                                 lambda: request.session.testsfailed == failed):
+    clean = cluster.no_new_failures(request.session)
+    with cluster.exclusive(), cluster.for_module(NODES, cluster.SHARED_HELM, clean):
         bins = build.binaries()
         w.label_nodes(bins, NODES)
         chart.on_cluster("uninstall", chart.RELEASE, "-n", chart.NAMESPACE, "--ignore-not-found", check=False)

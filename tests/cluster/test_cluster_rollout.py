@@ -35,9 +35,8 @@ FORCE_DELETE_RETRY = "is pinned to container"
 def kube(request: pytest.FixtureRequest) -> Iterator[Binaries]:
     """The chart installed with two device plugin containers on the two nodes the e2e module leaves
     (cluster.SHARED_HELM; a new cluster when it did not); uninstalled after."""
-    failed = request.session.testsfailed
-    with cluster.exclusive(), cluster.for_module(chaos.NODES, cluster.SHARED_HELM,
-                                                 lambda: request.session.testsfailed == failed):
+    clean = cluster.no_new_failures(request.session)
+    with cluster.exclusive(), cluster.for_module(chaos.NODES, cluster.SHARED_HELM, clean):
         bins = build.binaries()
         chaos.install(bins, PLAN)
         yield bins

@@ -31,9 +31,8 @@ REGISTRY = f"{topo.REGISTRY}/release"
 def kube(request: pytest.FixtureRequest) -> Iterator[Binaries]:
     """The two labelled nodes the e2e and rollout modules leave with the chart uninstalled
     (cluster.SHARED_HELM), or a new cluster when they did not."""
-    failed = request.session.testsfailed
-    with cluster.exclusive(), cluster.for_module(NODES, cluster.SHARED_HELM,
-                                                 lambda: request.session.testsfailed == failed):
+    clean = cluster.no_new_failures(request.session)
+    with cluster.exclusive(), cluster.for_module(NODES, cluster.SHARED_HELM, clean):
         bins = build.binaries()
         w.label_nodes(bins, NODES)
         yield bins
