@@ -50,9 +50,9 @@ GROUPS: Mapping[str, str] = {
     "ship/test_install_bundle.py::test_demo_runs_on_the_installed_bundle": "demo",
     "ship/test_ship_demo_shared.py": "demo",
     # one real cluster per machine (fixed namespace names, mount points, cgroups): its tests share a
-    # worker and one module-scoped cluster; the images' registry test rides along
+    # worker and one module-scoped cluster (the images' registry test runs its own registry and
+    # containerd in a namespace of its own: it is not one of them)
     "cluster/test_cluster_e2e.py": "cluster",
-    "cluster/test_cluster_images.py": "cluster",
     "cluster/test_cluster_dra.py": "cluster",
     "cluster/test_cluster_sweep.py": "cluster",
     "cluster/test_cluster_multus.py": "cluster",

@@ -5,6 +5,7 @@ next ``up``) removes exactly that: processes by pid, mounts, namespaces, cgroups
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import functools
@@ -304,18 +305,23 @@ def _up(
         nodemod.cluster_network_config(nd)
     st.procs.append(start_registry(reg, imgs, logs))
     st.save()
-    control_plane.make_pki(pki, n_nodes)
-    if audit:
-        control_plane.audit_policy(pki, audit)
-    st.procs += control_plane.start(bins, pki, WORK / "data", logs, topo.node_netns(1))
-    st.save()
     for nd in nodes:
         st.procs.append(nodemod.start_containerd(nd, bins, topo.REGISTRY, logs / nd.name))
         st.save()
-        # Multus's image (~150 MB) only in the registry: pulled by the tests that install Multus,
-        # not imported into every node of every cluster
-        kept = [i.archive for i in imgs if "debian" not in i.ref and i.repository != images.MULTUS_REPO]
-        nodemod.import_images(nd, bins, kept)
+    # Multus's image (~150 MB) only in the registry: pulled by the tests that install Multus, not
+    # imported into every node of every cluster
+    kept = [i.archive for i in imgs if "debian" not in i.ref and i.repository != images.MULTUS_REPO]
+    # the imports (~9 s a node) while the control plane starts (~4 s): neither needs the other
+    with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+        imports = [pool.submit(nodemod.import_images, nd, bins, kept) for nd in nodes]
+        control_plane.make_pki(pki, n_nodes)
+        if audit:
+            control_plane.audit_policy(pki, audit)
+        st.procs += control_plane.start(bins, pki, WORK / "data", logs, topo.node_netns(1))
+        st.save()
+        for f in imports:
+            f.result()
+    for nd in nodes:
         st.procs.append(nodemod.start_kube_proxy(nd, bins, pki, logs / nd.name))
         st.procs.append(nodemod.start_kubelet(nd, bins, pki, logs / nd.name))
         st.save()
@@ -339,10 +345,16 @@ def _up(
         )
 
 
+DOWN_GRACE = 2.0  # s: SIGTERM to SIGKILL in down
+
+
 def down() -> None:
     """Remove everything the recorded (or a swept) run made. Safe to call twice."""
     st = State.load()
-    procs.stop(st.procs)
+    # Everything's state goes with it (etcd's data, the nodes' dirs): no exit needs to be graceful.
+    # On SIGTERM the API server drains its clients' watches and stayed up > 10 s (the default
+    # grace, every down), etcd 7 s: what is alive after 2 s is killed.
+    procs.stop(st.procs, grace=DOWN_GRACE)
     # processes left in the nodes' cgroups: containers and shims started by the runtime we ran
     for cg in st.cgroups:
         _kill_cgroup_tree(Path(cg))

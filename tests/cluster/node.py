@@ -364,6 +364,14 @@ def kubelet_config(node: Node, pki: Path) -> Path:
         # mid-prepare test (driver back 4 s after the kill, the retry 62 s later). 10 s keeps the
         # retry and cuts the wait; the kubelet's behaviour is otherwise the default.
         "syncFrequency": "10s",
+        # A device plugin's count (and a change of it: a bond Unhealthy, a plugin back) reaches the
+        # Node object at the kubelet's next status sync: every 10 s by default, 10 s of every `up`
+        # (the GPU plugin's capacity) and ~5 s of each of the suite's many waits for a node's offer.
+        # 1 s syncs it; the report frequency stays the default 5 min (an update frequency set alone
+        # would make it 1 s too: a node status PATCH every second), so a status that did not change
+        # is not sent more often than by default.
+        "nodeStatusUpdateFrequency": "1s",
+        "nodeStatusReportFrequency": "5m",
     }
     # where kubeadm puts it: the doctor reads the topology manager policy there
     path = node.dir("/var/lib/kubelet") / "config.yaml"
