@@ -189,7 +189,7 @@ def _keeper(n_nodes: int, key: str) -> str:
 @contextlib.contextmanager
 def shared(n_nodes: int, key: str, clean: Callable[[], bool]) -> Iterator[State]:
     """The cluster of one test module, which the next module of this process with the same ``key``
-    and node count takes over instead of a new one (an ``up`` is 25-35 s, a ``down`` ~12 s).
+    and node count takes over instead of a new one (an ``up`` is 20-30 s, a ``down`` ~3 s).
 
     Only modules that leave the cluster as they found it share a key: their products uninstalled,
     their pods gone. ``clean()`` says, at the end, whether this one did (no test of it failed): if
